@@ -1,0 +1,217 @@
+"""Static configuration: frozen, hashable dataclasses usable as `jax.jit` static arguments.
+
+A family (Llama, Qwen3, ...) differs only by the switches of `TargetConfig`; there is one model
+implementation (`carryover_jax.models.target`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+from carryover_jax.errors import ConfigError
+
+FAMILIES = ("llama", "qwen3")
+# HF architectures we can load, mapped to our family switch.
+HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TargetConfig:
+    """A decoder-only target LM. Field names follow HF where one exists."""
+
+    family: str = "llama"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    # Family switches.
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE.
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    # RoPE. rope_type "llama3" rescales frequencies as in Llama 3.1+.
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
+    max_position_embeddings: int = 8192
+    # Token ids (informational; stop tokens are resolved from the tokenizer/generation config).
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    # Numerics: activations and params. float32 for parity tests and CPU; bfloat16 on accelerators.
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ConfigError(f"unknown target family {self.family!r}; supported: {', '.join(FAMILIES)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.rope_type not in ("default", "llama3", "linear"):
+            raise ConfigError(f"unsupported rope_type {self.rope_type!r}")
+        if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
+            raise ConfigError(f"unsupported hidden_act {self.hidden_act!r}")
+
+    @property
+    def num_params(self) -> int:
+        d, h, kv, hd, f = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate_size
+        attn = d * h * hd + 2 * d * kv * hd + h * hd * d + (2 * hd if self.qk_norm else 0)
+        layer = attn + 3 * d * f + 2 * d
+        emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * layer + emb + d
+
+    def replace(self, **kw) -> "TargetConfig":
+        return dataclasses.replace(self, **kw)
+
+    # ---- HF config.json <-> TargetConfig -------------------------------------------------------
+    @classmethod
+    def from_hf(cls, hf: Mapping[str, Any], **overrides) -> "TargetConfig":
+        """Build from an HF `config.json` dict (transformers 4.x or 5.x layout)."""
+        archs = list(hf.get("architectures") or [])
+        family = None
+        for a in archs:
+            family = HF_ARCHITECTURES.get(a)
+            if family:
+                break
+        if family is None:
+            mt = hf.get("model_type")
+            family = {"llama": "llama", "qwen3": "qwen3"}.get(mt)
+        if family is None:
+            what = ", ".join(archs) or hf.get("model_type") or "unknown"
+            raise ConfigError(
+                f"unsupported architecture {what}; supported: {', '.join(HF_ARCHITECTURES)}"
+            )
+        rope = dict(hf.get("rope_parameters") or {})
+        scaling = hf.get("rope_scaling") or {}
+        if not rope:
+            rope = dict(scaling)
+        theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
+        num_heads = hf["num_attention_heads"]
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
+        eos = hf.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        kw = dict(
+            family=family,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qk_norm=family == "qwen3",
+            attention_bias=bool(hf.get("attention_bias", False)),
+            mlp_bias=bool(hf.get("mlp_bias", False)),
+            hidden_act=hf.get("hidden_act", "silu"),
+            rope_theta=float(theta),
+            rope_type=rope_type,
+            rope_factor=float(rope.get("factor", 1.0)),
+            rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+            rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+            rope_original_max_position=int(
+                rope.get("original_max_position_embeddings", hf.get("max_position_embeddings", 8192))
+            ),
+            max_position_embeddings=hf.get("max_position_embeddings", 8192),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=eos,
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+    def to_hf(self) -> dict[str, Any]:
+        """An HF `config.json` dict that transformers loads into the same architecture."""
+        arch = {v: k for k, v in HF_ARCHITECTURES.items()}[self.family]
+        rope: dict[str, Any] = {"rope_theta": self.rope_theta, "rope_type": self.rope_type}
+        if self.rope_type == "llama3":
+            rope.update(
+                factor=self.rope_factor,
+                low_freq_factor=self.rope_low_freq_factor,
+                high_freq_factor=self.rope_high_freq_factor,
+                original_max_position_embeddings=self.rope_original_max_position,
+            )
+        elif self.rope_type == "linear":
+            rope.update(factor=self.rope_factor)
+        out = {
+            "architectures": [arch],
+            "model_type": self.family,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "hidden_act": self.hidden_act,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_parameters": rope,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "torch_dtype": self.param_dtype,
+        }
+        if self.family == "llama":
+            out["mlp_bias"] = self.mlp_bias
+        return out
+
+
+# ---- Presets (shapes of the public checkpoints; weights come from the user's HF folders) ------------
+def _qwen3(layers, hidden, inter, heads, kv, tie) -> TargetConfig:
+    return TargetConfig(
+        family="qwen3", vocab_size=151936, hidden_size=hidden, intermediate_size=inter,
+        num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=128, rms_norm_eps=1e-6,
+        tie_word_embeddings=tie, qk_norm=True, rope_theta=1_000_000.0, max_position_embeddings=40960,
+        bos_token_id=151643, eos_token_id=151645,
+    )
+
+
+PRESETS: dict[str, TargetConfig] = {
+    "smollm2-135m": TargetConfig(
+        family="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+        num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        rope_theta=100000.0, max_position_embeddings=8192, bos_token_id=1, eos_token_id=2,
+    ),
+    "qwen3-0.6b": _qwen3(28, 1024, 3072, 16, 8, True),
+    "qwen3-1.7b": _qwen3(28, 2048, 6144, 16, 8, True),
+    "qwen3-4b": _qwen3(36, 2560, 9728, 32, 8, True),
+    "qwen3-8b": _qwen3(36, 4096, 12288, 32, 8, False),
+    "qwen3-14b": _qwen3(40, 5120, 17408, 40, 8, False),
+    "llama-3.1-8b": TargetConfig(
+        family="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+        num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_theta=500000.0, rope_type="llama3", rope_factor=8.0, rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0, rope_original_max_position=8192, max_position_embeddings=131072,
+        bos_token_id=128000, eos_token_id=128009,
+    ),
+}
+
+
+def preset(name: str) -> TargetConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown target preset {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+def next_bucket(n: int, minimum: int = 16) -> int:
+    """Smallest power of two >= n (and >= minimum): prompt buckets that bound recompiles."""
+    return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))

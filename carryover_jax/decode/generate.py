@@ -1,0 +1,143 @@
+"""Host-side generation API for notebooks and the CLI: prompts in, texts/ids and stats out."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from carryover_jax.config import next_bucket
+from carryover_jax.decode import autoregressive as ar
+from carryover_jax.errors import CarryoverError
+
+MAX_STOP_IDS = 8  # stop ids are a fixed-size traced array (padded with -1): no recompiles per set
+
+
+@dataclasses.dataclass
+class Generation:
+    prompt_ids: list[int]
+    token_ids: list[int]  # generated ids, including the stop token when one ended the sequence
+    text: str | None
+    stop_reason: str  # "stop_token" | "length"
+    stats: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "text": self.text, "token_ids": self.token_ids, "prompt_tokens": len(self.prompt_ids),
+            "stop_reason": self.stop_reason, "stats": self.stats,
+        }
+
+
+def _as_list(x, n, name):
+    if isinstance(x, (list, tuple, np.ndarray)):
+        if len(x) != n:
+            raise CarryoverError(f"{name} has {len(x)} entries for {n} prompts")
+        return list(x)
+    return [x] * n
+
+
+def encode_prompts(target, prompts: Sequence[str | Sequence[int]], chat: bool) -> list[list[int]]:
+    out = []
+    for p in prompts:
+        ids = target.encode(p, chat=chat) if isinstance(p, str) or (p and isinstance(p[0], dict)) else list(p)
+        if not ids:
+            raise CarryoverError("empty prompt")
+        out.append([int(i) for i in ids])
+    return out
+
+
+def pad_batch(ids: list[list[int]], bucket: int, pad_id: int = 0) -> np.ndarray:
+    arr = np.full((len(ids), bucket), pad_id, np.int32)
+    for i, row in enumerate(ids):
+        arr[i, : len(row)] = row
+    return arr
+
+
+def plan_lengths(prompt_lens: Sequence[int], max_new: Sequence[int], max_len: int | None, limit: int):
+    """Prompt bucket and cache length; raises one clear error if a prompt cannot fit."""
+    longest = max(prompt_lens)
+    bucket = next_bucket(longest)
+    need = max(p + m for p, m in zip(prompt_lens, max_new))
+    cache_len = max_len or max(bucket, next_bucket(need))
+    if cache_len > limit and max_len is None:
+        cache_len = max(limit, bucket)
+    for i, (p, m) in enumerate(zip(prompt_lens, max_new)):
+        if p + m > cache_len:
+            raise CarryoverError(
+                f"prompt {i} has {p} tokens; with max_new_tokens={m} it needs {p + m} cache slots "
+                f"but the cache holds {cache_len}"
+            )
+    return bucket, cache_len
+
+
+def generate(
+    target,
+    prompts: Sequence[str | Sequence[int]],
+    *,
+    max_new_tokens: int | Sequence[int] = 128,
+    temperature: float | Sequence[float] = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    stop_token_ids: Sequence[int] | None = None,
+    seed: int = 0,
+    chat: bool = True,
+    max_len: int | None = None,
+) -> list[Generation]:
+    """Batched autoregressive generation with the target alone (the reference for speculative decoding).
+
+    `prompts` are strings (chat-templated when the tokenizer has a template and `chat`) or token-id
+    lists. Greedy when temperature is 0. Per-prompt `max_new_tokens`/`temperature` may be lists.
+    """
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not prompts:
+        raise CarryoverError("no prompts")
+    cfg, params = target.cfg, target.params
+    ids = encode_prompts(target, prompts, chat)
+    n = len(ids)
+    max_new = [int(m) for m in _as_list(max_new_tokens, n, "max_new_tokens")]
+    temps = [float(t) for t in _as_list(temperature, n, "temperature")]
+    if min(max_new) < 1:
+        raise CarryoverError("max_new_tokens must be >= 1")
+    if min(temps) < 0:
+        raise CarryoverError("temperature must be >= 0")
+    stops = list(target.stop_token_ids if stop_token_ids is None else stop_token_ids)
+    if len(stops) > MAX_STOP_IDS:
+        raise CarryoverError(f"at most {MAX_STOP_IDS} stop token ids")
+    lens = [len(r) for r in ids]
+    bucket, cache_len = plan_lengths(lens, max_new, max_len, cfg.max_position_embeddings)
+    out_len = next_bucket(max(max_new), minimum=1)
+
+    tokens = jnp.asarray(pad_batch(ids, bucket))
+    t0 = time.perf_counter()
+    cache, first_logits = ar.prefill(cfg, params, tokens, jnp.asarray(lens, jnp.int32), max_len=cache_len)
+    jax.block_until_ready(first_logits)
+    t1 = time.perf_counter()
+    state = ar.generate_loop(
+        cfg, params, cache, first_logits, jax.random.key(seed), jnp.asarray(temps, jnp.float32),
+        jnp.asarray(max_new, jnp.int32), jnp.asarray(stops + [-1] * (MAX_STOP_IDS - len(stops)), jnp.int32),
+        out_len=out_len, top_k=top_k, top_p=top_p,
+    )
+    out, num = jax.device_get((state.out, state.num))
+    t2 = time.perf_counter()
+    total_new = int(np.sum(num))
+    results = []
+    for i in range(n):
+        toks = [int(t) for t in out[i, : num[i]]]
+        reason = "stop_token" if toks and toks[-1] in stops else "length"
+        text = target.decode(toks) if getattr(target, "tokenizer", None) is not None else None
+        results.append(Generation(ids[i], toks, text, reason, {
+            "new_tokens": len(toks),
+            "prefill_s": round(t1 - t0, 4),
+            "decode_s": round(t2 - t1, 4),
+            "time_s": round(t2 - t0, 4),
+            # per-sequence rate of this batched call: all rows share the wall clock
+            "tokens_per_s": round(len(toks) / max(t2 - t0, 1e-9), 2),
+            "batch_tokens_per_s": round(total_new / max(t2 - t0, 1e-9), 2),
+            "batch": n,
+        }))
+    return results

