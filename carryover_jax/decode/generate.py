@@ -32,6 +32,13 @@ class Generation:
         }
 
 
+def _compiled_count() -> int | None:
+    try:  # private jax API, only used to label timings
+        return ar.prefill._cache_size() + ar.generate_loop._cache_size()
+    except AttributeError:
+        return None
+
+
 def _as_list(x, n, name):
     if isinstance(x, (list, tuple, np.ndarray)):
         if len(x) != n:
@@ -113,6 +120,7 @@ def generate(
     out_len = next_bucket(max(max_new), minimum=1)
 
     tokens = jnp.asarray(pad_batch(ids, bucket))
+    compiled_before = _compiled_count()
     t0 = time.perf_counter()
     cache, first_logits = ar.prefill(cfg, params, tokens, jnp.asarray(lens, jnp.int32), max_len=cache_len)
     jax.block_until_ready(first_logits)
@@ -125,6 +133,8 @@ def generate(
     out, num = jax.device_get((state.out, state.num))
     t2 = time.perf_counter()
     total_new = int(np.sum(num))
+    # Timings of a call that had to compile include XLA compile time; say so instead of hiding it.
+    includes_compile = _compiled_count() != compiled_before
     results = []
     for i in range(n):
         toks = [int(t) for t in out[i, : num[i]]]
@@ -139,5 +149,6 @@ def generate(
             "tokens_per_s": round(len(toks) / max(t2 - t0, 1e-9), 2),
             "batch_tokens_per_s": round(total_new / max(t2 - t0, 1e-9), 2),
             "batch": n,
+            "includes_compile": includes_compile,
         }))
     return results

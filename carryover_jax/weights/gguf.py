@@ -28,6 +28,10 @@ def convert_gguf(gguf_file: str | os.PathLike, out_dir: str | os.PathLike, *, qu
         raise CheckpointError(f"GGUF conversion needs torch and transformers ({e})") from None
     if quiet:
         transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    import sys
+
+    print(f"converting {gguf_file.name} once to {out_dir} ...", file=sys.stderr)
     folder, name = str(gguf_file.parent), gguf_file.name
     try:
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)

@@ -1,0 +1,138 @@
+"""The `carryover` command line: generate | convert | bench (training/eval/export join as they land)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from carryover_jax.errors import CarryoverError
+
+
+def _add_target_args(p: argparse.ArgumentParser):
+    p.add_argument("--target", default="smollm2",
+                   help="alias (smollm2), HF checkpoint folder, or .gguf file (default: smollm2)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="compute/param dtype (default: float32)")
+
+
+def _cmd_generate(args) -> int:
+    from carryover_jax.decode.generate import generate
+    from carryover_jax.loading import load_target
+
+    prompts = list(args.prompt or [])
+    if args.prompts_file:
+        path = Path(args.prompts_file)
+        if not path.is_file():
+            raise CarryoverError(f"no such prompts file: {path}")
+        for i, line in enumerate(path.read_text().splitlines()):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                raise CarryoverError(f"{path}:{i + 1} is not JSON") from None
+            if isinstance(rec, dict) and "messages" in rec:
+                prompts.append(rec["messages"])
+            elif isinstance(rec, dict) and "prompt" in rec:
+                prompts.append(rec["prompt"])
+            else:
+                raise CarryoverError(f'{path}:{i + 1}: expected {{"prompt": ...}} or {{"messages": [...]}}')
+    if not prompts:
+        raise CarryoverError("give at least one --prompt or a --prompts-file")
+    target = load_target(args.target, dtype=args.dtype)
+    results = generate(
+        target, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, chat=not args.no_chat, max_len=args.max_len,
+    )
+    for r in results:
+        if args.json:
+            print(json.dumps(r.to_json(), ensure_ascii=False))
+        else:
+            print(r.text)
+            s = r.stats
+            print(f"[{s['new_tokens']} tokens, {s['time_s']:.2f} s, {s['tokens_per_s']:.1f} tok/s, "
+                  f"stop: {r.stop_reason}]", file=sys.stderr)
+    return 0
+
+
+def _cmd_convert(args) -> int:
+    from carryover_jax.weights.registry import resolve_target
+
+    print(resolve_target(args.target))
+    return 0
+
+
+def _write_result(result: dict, out: str | None):
+    if out:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        os.replace(tmp, path)
+
+
+def _cmd_bench(args) -> int:
+    from carryover_jax.loading import load_target
+
+    if args.what == "ar":
+        from carryover_jax.bench import ar
+
+        target = load_target(args.target, dtype=args.dtype)
+        result = ar.run(target, batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens,
+                        repeats=args.repeats)
+        print(ar.format_table(result))
+        _write_result(result, args.out)
+        return 0
+    raise CarryoverError(f"unknown benchmark {args.what!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="carryover", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text with the target (autoregressive)")
+    _add_target_args(g)
+    g.add_argument("--prompt", action="append", help="a user prompt (repeat for a batch)")
+    g.add_argument("--prompts-file", help='JSONL with {"prompt": ...} or {"messages": [...]} per line')
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-len", type=int, default=None, help="KV cache length (default: fits the request)")
+    g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
+    g.set_defaults(func=_cmd_generate)
+
+    c = sub.add_parser("convert", help="convert a GGUF target (or alias) to an HF folder in the cache; print it")
+    c.add_argument("--target", default="smollm2")
+    c.set_defaults(func=_cmd_convert)
+
+    b = sub.add_parser("bench", help="benchmarks that print ratios measured side by side in one run")
+    b.add_argument("what", choices=["ar"])
+    _add_target_args(b)
+    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--out", help="also write the result as JSON here")
+    b.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CarryoverError as e:
+        print(f"carryover {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"carryover {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

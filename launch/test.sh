@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up .venv if needed, then run the test suite (fast tests + the real-model tests whose
+# packages the setup installs). Extra arguments go to pytest, e.g. `bash launch/test.sh -m "not slow"`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash launch/setup.sh
+VENV="${CARRYOVER_VENV:-.venv}"
+set +e
+"$VENV/bin/python" -m pytest -m "not gpu" "$@"
+rc=$?
+set -e
+if [[ $rc -eq 5 ]]; then echo "no tests collected"; exit 1; fi
+exit $rc

@@ -1,0 +1,84 @@
+"""AR generation against transformers' greedy `generate`, sampling controls, and input errors."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from carryover_jax import CarryoverError, generate, load_target
+from carryover_jax.decode.sampling import probs, sample
+from tests.hf_models import hf_greedy
+
+
+def _prompts(seed=0, lens=(4, 13, 7)):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, 97, size=n).tolist() for n in lens]
+
+
+def test_greedy_matches_transformers_generate(tiny_model):
+    target = load_target(tiny_model.path, tokenizer=False)
+    prompts = _prompts()
+    out = generate(target, prompts, max_new_tokens=20, stop_token_ids=[])  # one padded batch
+    for p, r in zip(prompts, out):
+        assert r.token_ids == hf_greedy(tiny_model.hf, p, 20, eos=None)
+        assert r.stop_reason == "length"
+
+
+def test_stop_tokens_and_per_row_lengths(tiny_llama):
+    target = load_target(tiny_llama.path, tokenizer=False)
+    prompts = _prompts(1)
+    free = generate(target, prompts, max_new_tokens=24, stop_token_ids=[])
+    # Stop on the 5th generated token of row 0: that row ends there (stop token included) and
+    # the other rows are unaffected up to their own first occurrence of it.
+    stop = free[0].token_ids[4]
+    out = generate(target, prompts, max_new_tokens=[24, 3, 24], stop_token_ids=[stop])
+    for i, (f, r) in enumerate(zip(free, out)):
+        limit = 3 if i == 1 else 24
+        ref = f.token_ids[:limit]
+        if stop in ref:
+            ref = ref[: ref.index(stop) + 1]
+        assert r.token_ids == ref
+        assert r.stop_reason == ("stop_token" if ref[-1] == stop else "length")
+    assert out[0].token_ids[-1] == stop and len(out[0].token_ids) <= 5
+    assert len(out[1].token_ids) <= 3
+    # HF agrees on the stop behaviour for row 0
+    assert out[0].token_ids == hf_greedy(tiny_llama.hf, prompts[0], 24, eos=[stop])
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(tiny_qwen3):
+    target = load_target(tiny_qwen3.path, tokenizer=False)
+    prompts = _prompts(2)
+    greedy = generate(target, prompts, max_new_tokens=12, stop_token_ids=[])
+    a = generate(target, prompts, max_new_tokens=12, temperature=1.0, seed=7, stop_token_ids=[])
+    b = generate(target, prompts, max_new_tokens=12, temperature=1.0, seed=7, stop_token_ids=[])
+    c = generate(target, prompts, max_new_tokens=12, temperature=1.0, seed=8, stop_token_ids=[])
+    k1 = generate(target, prompts, max_new_tokens=12, temperature=1.0, top_k=1, seed=9, stop_token_ids=[])
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert [r.token_ids for r in a] != [r.token_ids for r in c]
+    assert [r.token_ids for r in k1] == [r.token_ids for r in greedy]
+
+
+def test_sampler_frequencies_follow_the_distribution():
+    import jax
+
+    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
+    keys = jax.random.split(jax.random.key(0), 20000)
+    toks = jax.vmap(lambda k: sample(k, logits, jnp.asarray([1.0]))[0])(keys)
+    freq = np.bincount(np.asarray(toks), minlength=4) / 20000
+    np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.015)
+    # top-p 0.8 keeps {0.5, 0.3} renormalised; top-k 3 drops the last
+    p = np.asarray(probs(logits, jnp.asarray([1.0]), top_p=0.8))[0]
+    np.testing.assert_allclose(p, [0.625, 0.375, 0, 0], atol=1e-6)
+    p = np.asarray(probs(logits, jnp.asarray([1.0]), top_k=3))[0]
+    np.testing.assert_allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95, atol=1e-6)
+    p = np.asarray(probs(logits, jnp.asarray([0.0])))[0]
+    np.testing.assert_allclose(p, [1, 0, 0, 0])
+
+
+def test_prompt_longer_than_cache_is_one_clear_error(tiny_llama):
+    target = load_target(tiny_llama.path, tokenizer=False)
+    with pytest.raises(CarryoverError, match="needs .* cache slots"):
+        generate(target, [list(range(3, 40))], max_new_tokens=8, max_len=32)
+    with pytest.raises(CarryoverError, match="max_new_tokens"):
+        generate(target, [[5, 6]], max_new_tokens=0)
+    with pytest.raises(CarryoverError, match="no tokenizer"):
+        generate(target, ["text needs a tokenizer"])

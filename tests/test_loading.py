@@ -1,0 +1,107 @@
+"""Checkpoint loading: round trip, name/shape checks, and one-line errors for bad input."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from carryover_jax import CheckpointError, ConfigError, load_target
+from carryover_jax.weights.hf import save_params, target_hf_name
+
+
+def test_save_then_load_round_trip(tiny_qwen3, tmp_path):
+    t = load_target(tiny_qwen3.path, tokenizer=False)
+    out = save_params(t.params, tmp_path / "copy", t.cfg.to_hf())
+    back = load_target(out, tokenizer=False)
+    assert back.cfg == t.cfg
+    jax.tree_util.tree_map(np.testing.assert_array_equal, t.params, back.params)
+    # the exported folder loads in transformers and gives the same logits
+    import torch
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 9, 11, 3]])
+    with torch.no_grad():
+        np.testing.assert_allclose(hf(ids).logits.numpy(), tiny_qwen3.hf(ids).logits.numpy(), atol=1e-6)
+
+
+def test_sharded_index_checkpoint(tiny_llama, tmp_path):
+    tensors = load_file(tiny_llama.path / "model.safetensors")
+    names = sorted(tensors)
+    half = len(names) // 2
+    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    for fname, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, tmp_path / fname)
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {k: f for f, ks in shards.items() for k in ks}}))
+    shutil.copy(tiny_llama.path / "config.json", tmp_path / "config.json")
+    a = load_target(tiny_llama.path, tokenizer=False)
+    b = load_target(tmp_path, tokenizer=False)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, a.params, b.params)
+
+
+def test_name_table_is_mechanical():
+    assert target_hf_name(("layers", "3", "self_attn", "q_proj", "kernel")) == (
+        "model.layers.3.self_attn.q_proj.weight", True)
+    assert target_hf_name(("embed_tokens", "embedding")) == ("model.embed_tokens.weight", False)
+    assert target_hf_name(("lm_head", "kernel")) == ("lm_head.weight", True)
+    assert target_hf_name(("layers", "0", "self_attn", "k_norm", "weight")) == (
+        "model.layers.0.self_attn.k_norm.weight", False)
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(CheckpointError, match="no such target"):
+        load_target(tmp_path / "nope")
+
+
+def test_folder_without_weights(tiny_llama, tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    shutil.copy(tiny_llama.path / "config.json", d / "config.json")
+    with pytest.raises(CheckpointError, match="holds no weights"):
+        load_target(d, tokenizer=False)
+    with pytest.raises(CheckpointError, match="no config.json"):
+        load_target(tmp_path, tokenizer=False)
+
+
+def test_unsupported_architecture(tiny_llama, tmp_path):
+    d = _copy(tiny_llama.path, tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(architectures=["MambaForCausalLM"], model_type="mamba")
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="unsupported architecture MambaForCausalLM"):
+        load_target(d, tokenizer=False)
+
+
+def test_wrong_shape_and_missing_tensor(tiny_llama, tmp_path):
+    d = _copy(tiny_llama.path, tmp_path / "m")
+    tensors = load_file(d / "model.safetensors")
+    tensors["model.layers.1.mlp.up_proj.weight"] = np.zeros((5, 64), np.float32)
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"model.layers.1.mlp.up_proj.weight: shape \(5, 64\) .* \(112, 64\)"):
+        load_target(d, tokenizer=False)
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(CheckpointError, match="up_proj.weight' is missing"):
+        load_target(d, tokenizer=False)
+
+
+def test_cli_bad_input_is_one_line_and_nonzero(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "carryover_jax.cli", "generate", "--target", str(tmp_path / "missing"),
+         "--prompt", "hi"], capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert lines == [f"carryover generate: error: no such target: '{tmp_path / 'missing'}' "
+                     "(not a path, and known aliases are smollm2)"]
