@@ -215,3 +215,112 @@ def preset(name: str) -> TargetConfig:
 def next_bucket(n: int, minimum: int = 16) -> int:
     """Smallest power of two >= n (and >= minimum): prompt buckets that bound recompiles."""
     return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+
+
+# ---- Drafters --------------------------------------------------------------------------------------
+DRAFTER_KINDS = ("dflash", "markov")
+LAYOUTS = ("zlab", "deepspec")
+# Per-target MASK token: a frozen row of the target embedding that never occurs in chat data.
+# Qwen3: 151669, the first unused row (DeepSpec / z-lab). SmolLM2's 49152 rows are all real tokens;
+# 16 is `<empty_output>`, a StarCoder-era Jupyter marker that ChatML conversations never contain.
+MASK_TOKEN_IDS = {"qwen3": 151669, "smollm2": 16}
+
+
+def zlab_layer_ids(num_target_layers: int, n: int = 5) -> tuple[int, ...]:
+    """z-lab's default feature layers: evenly spaced from layer 1 to L-3 (Python round)."""
+    if n == 1:
+        return (num_target_layers // 2,)
+    return tuple(int(round(1 + i * (num_target_layers - 4) / (n - 1))) for i in range(n))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DrafterConfig:
+    """A block drafter (DFlash, or the DSpark-derived Markov drafter) for one target.
+
+    `backbone` holds the draft layers' shapes: the target's width, `num_layers` draft layers, and
+    Qwen3-style q/k norms (the DFlash layer) whatever the target family.
+    """
+
+    kind: str = "dflash"
+    layout: str = "zlab"
+    block_size: int = 16
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int
+    mask_token_id: int
+    backbone: TargetConfig
+    markov_rank: int = 0
+    carryover: bool = True  # owns the learned e_rej embedding
+
+    def __post_init__(self):
+        if self.kind not in DRAFTER_KINDS:
+            raise ConfigError(f"unknown drafter kind {self.kind!r}; supported: {', '.join(DRAFTER_KINDS)}")
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"unknown block layout {self.layout!r}; supported: {', '.join(LAYOUTS)}")
+        if self.kind == "markov" and self.markov_rank <= 0:
+            raise ConfigError("the markov drafter needs markov_rank > 0")
+        if self.kind == "dflash" and self.markov_rank:
+            raise ConfigError("a dflash drafter has no Markov head (markov_rank must be 0)")
+        if self.num_proposals < 1:
+            raise ConfigError(f"block_size {self.block_size} gives no proposals in the {self.layout} layout")
+        ids = self.target_layer_ids
+        if not ids or list(ids) != sorted(set(ids)):
+            raise ConfigError(f"target_layer_ids must be non-empty and strictly increasing, got {list(ids)}")
+        last = self.num_target_layers - 1
+        for l in ids:
+            if l == last:
+                raise ConfigError(
+                    f"target layer {l} is the target's final layer: HF exposes it only after the final norm, "
+                    "so it cannot be a drafter feature"
+                )
+            if not -1 <= l < last:
+                raise ConfigError(f"target layer id {l} out of range [-1, {last - 1}]")
+        if not 0 <= self.mask_token_id < self.backbone.vocab_size:
+            raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary")
+
+    @property
+    def num_proposals(self) -> int:
+        """Draft tokens per round: B-1 in the z-lab layout (slot 0 is the anchor), B in DeepSpec's."""
+        return self.block_size - 1 if self.layout == "zlab" else self.block_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.backbone.hidden_size
+
+    @property
+    def feature_dim(self) -> int:
+        return len(self.target_layer_ids) * self.backbone.hidden_size
+
+    def replace(self, **kw) -> "DrafterConfig":
+        return dataclasses.replace(self, **kw)
+
+    @classmethod
+    def for_target(
+        cls,
+        target: TargetConfig,
+        *,
+        kind: str = "dflash",
+        layout: str = "zlab",
+        num_proposals: int = 15,
+        num_layers: int = 5,
+        target_layer_ids: tuple[int, ...] | None = None,
+        mask_token_id: int | None = None,
+        markov_rank: int | None = None,
+        carryover: bool = True,
+    ) -> "DrafterConfig":
+        """The paper's setting by default: 15 proposals, 5 draft layers, z-lab feature layers."""
+        if mask_token_id is None:
+            if target.family != "qwen3":
+                raise ConfigError("give mask_token_id for this target (an unused special-token row)")
+            mask_token_id = MASK_TOKEN_IDS["qwen3"]
+        backbone = target.replace(
+            family="qwen3", num_layers=num_layers, qk_norm=True, tie_word_embeddings=False,
+            attention_bias=False, mlp_bias=False,
+        )
+        return cls(
+            kind=kind, layout=layout,
+            block_size=num_proposals + 1 if layout == "zlab" else num_proposals,
+            target_layer_ids=tuple(target_layer_ids or zlab_layer_ids(target.num_layers)),
+            num_target_layers=target.num_layers, mask_token_id=mask_token_id, backbone=backbone,
+            markov_rank=(256 if kind == "markov" else 0) if markov_rank is None else markov_rank,
+            carryover=carryover,
+        )

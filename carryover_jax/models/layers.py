@@ -84,20 +84,40 @@ def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray) -> Array:
 
 
 # ---- attention core ----------------------------------------------------------------------------
-def attention_core(q: Array, k: Array, v: Array, mask: Array, scale: float) -> Array:
-    """Grouped-query attention with an explicit boolean mask.
+def attention_core(q: Array, segments, scale: float) -> Array:
+    """Grouped-query attention over one or more key/value segments with explicit boolean masks.
 
-    q: [B, T, H, D]; k, v: [B, S, Hkv, D]; mask: [B, T, S] (True = may attend). Returns [B, T, H, D].
+    q: [B, T, H, D]; segments: sequence of (k [B, S_i, Hkv, D], v [B, S_i, Hkv, D], mask [B, T, S_i]),
+    True = may attend. Returns [B, T, H, D].
+
+    Segments are merged flash-style (per-segment max, sum and output, rescaled to the joint max)
+    instead of concatenating K/V: the drafter attends over [context cache ; carried ; block] without
+    copying the cache each round, and a fully masked segment contributes an exact 0.0, so carried
+    rows with `rejected_count == 0` reproduce the baseline drafter bit for bit. Masked keys get
+    probability 0 (not exp(-inf)), so rows with no visible key return zeros instead of NaN.
     """
     b, t, h, d = q.shape
-    hkv = k.shape[2]
-    g = h // hkv
-    qg = q.reshape(b, t, hkv, g, d)
-    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
-    logits = jnp.where(mask[:, None, None, :, :], logits, NEG_INF)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(b, t, h, d)
+    hkv = segments[0][0].shape[2]
+    qg = q.reshape(b, t, hkv, h // hkv, d)
+    parts = []
+    for k, v, mask in segments:
+        m4 = mask[:, None, None, :, :]
+        s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+        s = jnp.where(m4, s, NEG_INF)
+        mx = jnp.max(s, axis=-1, keepdims=True)
+        p = jnp.where(m4, jnp.exp(s - mx), 0.0)
+        o = jnp.einsum("bkgts,bskd->bkgtd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        parts.append((mx, jnp.sum(p, axis=-1, keepdims=True), o))
+    mx = parts[0][0]
+    for m_i, _, _ in parts[1:]:
+        mx = jnp.maximum(mx, m_i)
+    denom, out = 0.0, 0.0
+    for m_i, l_i, o_i in parts:
+        w = jnp.exp(m_i - mx)
+        denom = denom + l_i * w
+        out = out + o_i * w
+    out = out / jnp.maximum(denom, 1e-30)
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, d).astype(q.dtype)
 
 
 class Attention(nn.Module):
@@ -145,9 +165,10 @@ class Attention(nn.Module):
             k = self.k_norm(k)
         return apply_rope(k, positions, np.asarray(self.inv_freq, np.float32)), v
 
-    def attend(self, q: Array, k: Array, v: Array, mask: Array) -> Array:
+    def attend(self, q: Array, segments) -> Array:
+        """segments: (k, v, mask) triples, see `attention_core`."""
         b, t = q.shape[:2]
-        out = attention_core(q, k, v, mask, 1.0 / math.sqrt(self.head_dim))
+        out = attention_core(q, segments, 1.0 / math.sqrt(self.head_dim))
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
 
 

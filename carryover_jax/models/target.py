@@ -48,16 +48,31 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(c.hidden_size, c.intermediate_size, c.hidden_act, c.mlp_bias, dt, pdt)
 
     def __call__(self, h, positions, mask, kv_buffers=None, write_index=None):
+        """Target self-attention: the chunk's K/V (written into `kv_buffers` when caching)."""
         x = self.input_layernorm(h)
         q = self.self_attn.queries(x, positions)
         k, v = self.self_attn.keys_values(x, positions)
         if kv_buffers is not None:
             k = write_chunk(kv_buffers[0], k, write_index)
             v = write_chunk(kv_buffers[1], v, write_index)
-        h = h + self.self_attn.attend(q, k, v, mask)
+        return self._finish(h, q, [(k, v, mask)]), (k, v)
+
+    def context_kv(self, c, positions):
+        """K/V of fused context rows (drafters): projected as they are, no input_layernorm."""
+        return self.self_attn.keys_values(c, positions)
+
+    def with_context(self, h, positions, context_segments, block_mask):
+        """Drafter block: queries from the block, keys/values from the given context segments
+        (cache, carried rows, ...) followed by the block itself."""
+        x = self.input_layernorm(h)
+        q = self.self_attn.queries(x, positions)
+        k, v = self.self_attn.keys_values(x, positions)
+        return self._finish(h, q, list(context_segments) + [(k, v, block_mask)])
+
+    def _finish(self, h, q, segments):
+        h = h + self.self_attn.attend(q, segments)
         h = h + self.mlp(self.post_attention_layernorm(h))
-        h = nn.with_logical_constraint(h, ("activation_batch", "activation_length", "activation_embed"))
-        return h, (k, v)
+        return nn.with_logical_constraint(h, ("activation_batch", "activation_length", "activation_embed"))
 
 
 class DecoderStack(nn.Module):

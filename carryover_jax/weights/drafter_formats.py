@@ -1,0 +1,270 @@
+"""Drafter checkpoints: our native folder, the z-lab DFlash format (A) and the DeepSpec format (B).
+
+- native: `drafter_config.json` (our `DrafterConfig`) + `model.safetensors` (PyTorch names, e_rej
+  included). Training writes it; `carryover export` reads it.
+- zlab (Format A, `DFlashDraftModel`): z-lab / vLLM / SGLang "DFlash". DFlash kind, zlab layout only.
+  No `embed_tokens` / `lm_head` (the target's are used).
+- deepspec (Format B, `Qwen3DSparkModel`): DeepSpec DFlash/DSpark, vLLM `dspark`, sglang-jax. deepspec
+  layout only; includes frozen copies of the target's `embed_tokens` and `lm_head`, and
+  `markov_head.markov_w{1,2}.weight` for the Markov drafter.
+
+Carryover in A and B travels as one extra tensor `e_rej` [hidden] in a separate `carryover.safetensors`,
+flagged by the `carryover` key of config.json. `model.safetensors.index.json` lists only the standard
+tensors, so loaders that follow the index (vLLM, SGLang, transformers) see exactly the format they
+know; loaders that glob `*.safetensors` get one unknown tensor they can drop by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from safetensors.numpy import save_file
+
+from carryover_jax.config import DrafterConfig, TargetConfig
+from carryover_jax.errors import CheckpointError, ConfigError
+from carryover_jax.weights.hf import SafetensorsReader, flatten, load_params
+
+FORMATS = ("native", "zlab", "deepspec")
+CARRYOVER_FILE = "carryover.safetensors"
+CARRYOVER_TENSOR = "e_rej"
+_LEAF = {"kernel": "weight", "embedding": "weight", "weight": "weight", "bias": "bias"}
+_ARCH = {"DFlashDraftModel": "zlab", "Qwen3DSparkModel": "deepspec"}
+
+
+def drafter_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
+    """Our drafter param path -> (PyTorch tensor name, transposed?). No `model.` prefix (both formats)."""
+    if path == ("e_rej",):
+        return CARRYOVER_TENSOR, False
+    *mods, leaf = path
+    return ".".join(mods) + "." + _LEAF[leaf], leaf == "kernel"
+
+
+# ---- config (de)serialisation ---------------------------------------------------------------------
+def drafter_config_to_dict(cfg: DrafterConfig) -> dict:
+    d = dataclasses.asdict(cfg)
+    d["target_layer_ids"] = list(cfg.target_layer_ids)
+    return d
+
+
+def drafter_config_from_dict(d: dict) -> DrafterConfig:
+    d = dict(d)
+    d["backbone"] = TargetConfig(**d["backbone"])
+    d["target_layer_ids"] = tuple(d["target_layer_ids"])
+    return DrafterConfig(**d)
+
+
+def _backbone_fields(cfg: DrafterConfig) -> dict:
+    bc = cfg.backbone
+    hf = bc.to_hf()
+    hf.update(
+        model_type="qwen3", num_hidden_layers=bc.num_layers, layer_types=["full_attention"] * bc.num_layers,
+        tie_word_embeddings=False, attention_bias=False, sliding_window=None, use_sliding_window=False,
+        rope_theta=bc.rope_theta, num_target_layers=cfg.num_target_layers, block_size=cfg.block_size,
+    )
+    hf.pop("mlp_bias", None)
+    return hf
+
+
+def _carryover_field(cfg: DrafterConfig) -> dict:
+    return {
+        "tensor": CARRYOVER_TENSOR, "file": CARRYOVER_FILE, "max_carried_rows": cfg.num_proposals,
+        "rows": "hidden_norm(fc(rejected verify features)) + e_rej at positions next_anchor + i, for one round",
+    }
+
+
+def export_config(cfg: DrafterConfig, fmt: str) -> dict:
+    out = _backbone_fields(cfg)
+    if fmt == "zlab":
+        if cfg.kind != "dflash" or cfg.layout != "zlab":
+            raise ConfigError(
+                f"the z-lab format holds DFlash drafters in the zlab layout; this is {cfg.kind}/{cfg.layout} "
+                "(use --format deepspec)"
+            )
+        out.update(
+            architectures=["DFlashDraftModel"],
+            dflash_config={"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
+        )
+    elif fmt == "deepspec":
+        if cfg.layout != "deepspec":
+            raise ConfigError(
+                "the DeepSpec format holds drafters in the deepspec layout (slot k predicts the next token); "
+                "this drafter uses the zlab layout (use --format zlab)"
+            )
+        out.update(
+            architectures=["Qwen3DSparkModel"], target_layer_ids=list(cfg.target_layer_ids),
+            mask_token_id=cfg.mask_token_id, num_anchors=512, enable_confidence_head=False,
+            confidence_head_with_markov=False, markov_rank=cfg.markov_rank, markov_head_type="vanilla",
+        )
+    else:
+        raise ConfigError(f"unknown export format {fmt!r}; supported: zlab, deepspec")
+    if cfg.carryover:
+        out["carryover"] = _carryover_field(cfg)
+    return out
+
+
+# ---- writing ----------------------------------------------------------------------------------------
+def _tensors(params, dtype) -> dict[str, np.ndarray]:
+    out = {}
+    for path, leaf in flatten(params):
+        name, transposed = drafter_hf_name(path)
+        arr = np.asarray(jax.device_get(leaf))
+        arr = arr.T if transposed else arr
+        out[name] = np.ascontiguousarray(arr.astype(dtype) if dtype is not None else arr)
+    return out
+
+
+def _atomic_dir(folder: Path, write) -> Path:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        write(tmp)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def save_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike) -> Path:
+    """Native folder (exact dtypes, e_rej inline): what training writes and `load_drafter` reads."""
+    def write(tmp: Path):
+        save_file(_tensors(params, None), tmp / "model.safetensors", metadata={"format": "pt"})
+        (tmp / "drafter_config.json").write_text(json.dumps(drafter_config_to_dict(cfg), indent=2) + "\n")
+
+    return _atomic_dir(Path(folder), write)
+
+
+def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: str, *, frozen=None,
+                   dtype: Any = "bfloat16") -> Path:
+    """Write `params` as a PyTorch checkpoint in format `fmt` ("zlab" | "deepspec"), atomically.
+
+    `frozen` (target embedding/head, see `frozen_from_target`) is required for deepspec, which stores
+    copies of them. `dtype` None keeps the params' dtype (tests use float32).
+    """
+    config = export_config(cfg, fmt)
+    np_dtype = None if dtype is None else np.dtype(jax.numpy.dtype(dtype))
+    tensors = _tensors(params, np_dtype)
+    e_rej = tensors.pop(CARRYOVER_TENSOR, None)
+    if fmt == "deepspec":
+        if frozen is None:
+            raise ConfigError("the DeepSpec format stores the target's embed_tokens and lm_head: pass the target")
+        for name, arr in (("embed_tokens.weight", frozen["embed"]), ("lm_head.weight", np.asarray(frozen["head"]).T)):
+            a = np.asarray(jax.device_get(arr))
+            tensors[name] = np.ascontiguousarray(a.astype(np_dtype) if np_dtype is not None else a)
+    config["torch_dtype"] = str(next(iter(tensors.values())).dtype)
+
+    def write(tmp: Path):
+        save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        index = {"metadata": {"total_size": int(sum(a.nbytes for a in tensors.values()))},
+                 "weight_map": {k: "model.safetensors" for k in sorted(tensors)}}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        if e_rej is not None:
+            save_file({CARRYOVER_TENSOR: e_rej}, tmp / CARRYOVER_FILE, metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    return _atomic_dir(Path(folder), write)
+
+
+# ---- reading ----------------------------------------------------------------------------------------
+def detect_format(folder: Path) -> str:
+    if (folder / "drafter_config.json").exists():
+        return "native"
+    cfg_path = folder / "config.json"
+    if not cfg_path.exists():
+        raise CheckpointError(f"{folder} is not a drafter checkpoint (no drafter_config.json or config.json)")
+    archs = json.loads(cfg_path.read_text()).get("architectures") or []
+    for a in archs:
+        if a in _ARCH:
+            return _ARCH[a]
+    raise CheckpointError(
+        f"{folder}: architecture {', '.join(archs) or 'unknown'} is not a drafter format we read "
+        "(DFlashDraftModel, Qwen3DSparkModel, or a native carryover-jax drafter)"
+    )
+
+
+def config_from_export(hf: dict, fmt: str, *, carryover: bool) -> DrafterConfig:
+    n = hf["num_hidden_layers"]
+    backbone = TargetConfig.from_hf({**hf, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
+                                    tie_word_embeddings=False, num_layers=n)
+    if fmt == "zlab":
+        dc = hf.get("dflash_config") or {}
+        ids, mask = dc.get("target_layer_ids"), dc.get("mask_token_id")
+        kind, rank = "dflash", 0
+    else:
+        ids, mask = hf.get("target_layer_ids"), hf.get("mask_token_id")
+        rank = int(hf.get("markov_rank") or 0)
+        kind = "markov" if rank else "dflash"
+        if rank and hf.get("markov_head_type", "vanilla") != "vanilla":
+            raise CheckpointError(f"markov_head_type {hf['markov_head_type']!r} is not supported (vanilla only)")
+    if ids is None or mask is None:
+        raise CheckpointError("drafter config lacks target_layer_ids or mask_token_id")
+    return DrafterConfig(
+        kind=kind, layout=fmt, block_size=int(hf["block_size"]), target_layer_ids=tuple(ids),
+        num_target_layers=int(hf["num_target_layers"]), mask_token_id=int(mask), backbone=backbone,
+        markov_rank=rank, carryover=carryover,
+    )
+
+
+def load_drafter(folder: str | os.PathLike, *, layout: str | None = None, fmt: str | None = None,
+                 carryover: bool | None = None, dtype: str | None = None):
+    """Read a native, z-lab or DeepSpec drafter folder -> (DrafterConfig, params).
+
+    `layout`/`fmt`, when given, must match the checkpoint (a format/layout mismatch is an error, not a
+    silent relabel). `carryover=True` on a checkpoint without `e_rej` starts it at zero (continuing a
+    released drafter with Carryover); `carryover=False` drops it.
+    """
+    from carryover_jax.models.drafter import init_drafter_params
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"no such drafter folder: {folder}")
+    found = detect_format(folder)
+    if fmt is not None and fmt != found:
+        raise CheckpointError(f"{folder} is in the {found} format, not {fmt}")
+    if found == "native":
+        cfg = drafter_config_from_dict(json.loads((folder / "drafter_config.json").read_text()))
+        has_e_rej = cfg.carryover
+    else:
+        hf = json.loads((folder / "config.json").read_text())
+        has_e_rej = bool(hf.get("carryover")) and (folder / CARRYOVER_FILE).exists()
+        cfg = config_from_export(hf, found, carryover=has_e_rej if carryover is None else carryover)
+    if carryover is not None:
+        cfg = cfg.replace(carryover=carryover)
+    if dtype:
+        cfg = cfg.replace(backbone=cfg.backbone.replace(dtype=dtype, param_dtype=dtype))
+    if layout is not None and layout != cfg.layout:
+        raise CheckpointError(
+            f"{folder} holds a drafter in the {cfg.layout} layout ({found} format), not {layout}: "
+            "the layouts predict different positions and are not interchangeable"
+        )
+    abstract = jax.eval_shape(lambda: init_drafter_params(cfg, jax.random.key(0)))
+    want_e_rej = "e_rej" in abstract
+    if want_e_rej:
+        abstract = {k: v for k, v in abstract.items() if k != "e_rej"}
+    params = load_params(folder, abstract, drafter_hf_name)
+    if want_e_rej:
+        dt = abstract["norm"]["weight"].dtype
+        if has_e_rej:
+            src = folder / ("model.safetensors" if found == "native" else CARRYOVER_FILE)
+            from safetensors import safe_open
+
+            with safe_open(src, "numpy") as f:
+                if CARRYOVER_TENSOR not in f.keys():
+                    raise CheckpointError(f"{src} lacks the Carryover tensor {CARRYOVER_TENSOR!r}")
+                e = f.get_tensor(CARRYOVER_TENSOR)
+            if e.shape != (cfg.hidden_size,):
+                raise CheckpointError(f"{CARRYOVER_TENSOR}: shape {e.shape}, expected ({cfg.hidden_size},)")
+            params["e_rej"] = jax.device_put(e.astype(dt))
+        else:
+            params["e_rej"] = jax.numpy.zeros((cfg.hidden_size,), dt)
+    return cfg, params
