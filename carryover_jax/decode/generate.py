@@ -152,3 +152,106 @@ def generate(
             "includes_compile": includes_compile,
         }))
     return results
+
+
+def speculative_generate(
+    target,
+    drafter,
+    prompts: Sequence[str | Sequence[int]],
+    *,
+    carryover: bool = True,
+    max_new_tokens: int | Sequence[int] = 128,
+    temperature: float | Sequence[float] = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    stop_token_ids: Sequence[int] | None = None,
+    seed: int = 0,
+    chat: bool = True,
+    max_len: int | None = None,
+    stepwise: bool = False,
+) -> tuple[list[Generation], dict[str, Any]]:
+    """Speculative decoding of `prompts` with `drafter` = (DrafterConfig, params) or a `Drafter` bundle.
+
+    Returns per-prompt `Generation`s and run stats: `tau` (committed tokens per verification round,
+    micro-averaged), `rounds`, tokens/s and, with `stepwise=True` (a host-driven round loop instead of
+    one `lax.while_loop`), the time split between drafting and verification.
+    """
+    from carryover_jax.decode import speculative as sp
+    from carryover_jax.models.drafter import check_pair
+
+    dcfg, dparams = (drafter.cfg, drafter.params) if hasattr(drafter, "cfg") else drafter
+    if carryover and not dcfg.carryover:
+        raise CarryoverError("this drafter has no Carryover embedding; load it with carryover=True or pass carryover=False")
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not prompts:
+        raise CarryoverError("no prompts")
+    check_pair(dcfg, target.cfg)
+    ids = encode_prompts(target, prompts, chat)
+    n = len(ids)
+    max_new = [int(m) for m in _as_list(max_new_tokens, n, "max_new_tokens")]
+    temps = [float(t) for t in _as_list(temperature, n, "temperature")]
+    if min(max_new) < 1:
+        raise CarryoverError("max_new_tokens must be >= 1")
+    if min(temps) < 0:
+        raise CarryoverError("temperature must be >= 0")
+    stops = list(target.stop_token_ids if stop_token_ids is None else stop_token_ids)
+    if len(stops) > MAX_STOP_IDS:
+        raise CarryoverError(f"at most {MAX_STOP_IDS} stop token ids")
+    P = dcfg.num_proposals
+    lens = [len(r) for r in ids]
+    # a verify chunk writes P+1 slots past the committed length, and the drafter cache appends P+1 rows
+    bucket, cache_len = plan_lengths(lens, [m + P + 1 for m in max_new], max_len, target.cfg.max_position_embeddings)
+    out_len = next_bucket(max(max_new), minimum=1)
+    sc = sp.SpecConfig(target=target.cfg, drafter=dcfg, carryover=carryover, sampling=max(temps) > 0,
+                       top_k=top_k, top_p=top_p)
+    tp = target.params
+    t0 = time.perf_counter()
+    state = sp.prefill(
+        sc, tp, dparams, jnp.asarray(pad_batch(ids, bucket)), jnp.asarray(lens, jnp.int32),
+        jnp.asarray(max_new, jnp.int32), jnp.asarray(temps, jnp.float32),
+        jnp.asarray(stops + [-1] * (MAX_STOP_IDS - len(stops)), jnp.int32), jax.random.key(seed),
+        max_len=cache_len, out_len=out_len, max_rounds=out_len,
+    )
+    jax.block_until_ready(state.out)
+    t1 = time.perf_counter()
+    draft_s = verify_s = 0.0
+    if stepwise:
+        while not bool(jnp.all(state.done)):
+            ta = time.perf_counter()
+            toks, q, state = sp.draft_step(sc, tp, dparams, state)
+            jax.block_until_ready(toks)
+            tb = time.perf_counter()
+            state = sp.verify_step(sc, tp, dparams, state, toks, q)
+            jax.block_until_ready(state.out_len)
+            draft_s += tb - ta
+            verify_s += time.perf_counter() - tb
+    else:
+        state = sp.generate_loop(sc, tp, dparams, state)
+    out, out_len_, rounds, accepted = jax.device_get((state.out, state.out_len, state.rounds, state.accepted))
+    t2 = time.perf_counter()
+    results = []
+    for i in range(n):
+        toks = [int(t) for t in out[i, : out_len_[i]]]
+        reason = "stop_token" if toks and toks[-1] in stops else "length"
+        acc = [int(a) for a in accepted[i, : rounds[i]]]
+        text = target.decode(toks) if getattr(target, "tokenizer", None) is not None else None
+        results.append(Generation(ids[i], toks, text, reason, {
+            "new_tokens": len(toks), "rounds": int(rounds[i]),
+            "tau": round((len(toks) - 1) / max(int(rounds[i]), 1), 4), "accepted_per_round": acc,
+            "time_s": round(t2 - t0, 4), "tokens_per_s": round(len(toks) / max(t2 - t0, 1e-9), 2),
+        }))
+    total_tokens = int(np.sum(out_len_))
+    total_rounds = int(np.sum(rounds))
+    stats = {
+        "tau": round(float(np.sum(out_len_ - 1)) / max(total_rounds, 1), 4),
+        "rounds": total_rounds, "new_tokens": total_tokens, "batch": n, "carryover": carryover,
+        "prefill_s": round(t1 - t0, 4), "decode_s": round(t2 - t1, 4), "time_s": round(t2 - t0, 4),
+        "tokens_per_s": round(total_tokens / max(t2 - t0, 1e-9), 2),
+    }
+    if stepwise:
+        stats.update(draft_s=round(draft_s, 4), verify_s=round(verify_s, 4),
+                     draft_fraction=round(draft_s / max(draft_s + verify_s, 1e-9), 4))
+    for r in results:
+        r.stats["batch"] = n
+    return results, stats

@@ -141,14 +141,27 @@ class Drafter(nn.Module):
 
 
 def logits_from_hidden(h: Array, frozen) -> Array:
+    """Frozen target LM head; `head` None means tied to the embedding (no [V, d] transpose copy)."""
+    if frozen.get("head") is None:
+        return jnp.einsum("btd,vd->btv", h, frozen["embed"].astype(h.dtype), preferred_element_type=jnp.float32)
     return jnp.einsum("btd,dv->btv", h, frozen["head"].astype(h.dtype), preferred_element_type=jnp.float32)
 
 
 def frozen_from_target(target_params, target_cfg) -> dict:
-    """The drafter's frozen inputs: target embedding [V, d] and LM head [d, V] (tied: embedding.T)."""
+    """The drafter's frozen inputs: target embedding [V, d] and LM head [d, V] (None when tied)."""
     embed = target_params["embed_tokens"]["embedding"]
-    head = embed.T if target_cfg.tie_word_embeddings else target_params["lm_head"]["kernel"]
+    head = None if target_cfg.tie_word_embeddings else target_params["lm_head"]["kernel"]
     return {"embed": embed, "head": head}
+
+
+def check_pair(cfg: DrafterConfig, target_cfg) -> None:
+    """One clear error when a drafter was built for a different target."""
+    bc = cfg.backbone
+    for what, a, b in (("hidden size", bc.hidden_size, target_cfg.hidden_size),
+                       ("vocabulary", bc.vocab_size, target_cfg.vocab_size),
+                       ("target layer count", cfg.num_target_layers, target_cfg.num_layers)):
+        if a != b:
+            raise ConfigError(f"drafter/target mismatch: the drafter expects {what} {a}, the target has {b}")
 
 
 def init_drafter_params(cfg: DrafterConfig, rng: Array):

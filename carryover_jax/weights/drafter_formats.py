@@ -158,7 +158,8 @@ def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: s
     if fmt == "deepspec":
         if frozen is None:
             raise ConfigError("the DeepSpec format stores the target's embed_tokens and lm_head: pass the target")
-        for name, arr in (("embed_tokens.weight", frozen["embed"]), ("lm_head.weight", np.asarray(frozen["head"]).T)):
+        head = frozen["embed"] if frozen.get("head") is None else np.asarray(frozen["head"]).T
+        for name, arr in (("embed_tokens.weight", frozen["embed"]), ("lm_head.weight", head)):
             a = np.asarray(jax.device_get(arr))
             tensors[name] = np.ascontiguousarray(a.astype(np_dtype) if np_dtype is not None else a)
     config["torch_dtype"] = str(next(iter(tensors.values())).dtype)

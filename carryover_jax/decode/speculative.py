@@ -1,0 +1,204 @@
+"""Speculative decoding with Carryover: jitted `draft_step` and `verify_step` over one state pytree.
+
+Round (see `shared/spec/carryover.md` §1-2): the anchor (last committed token, not yet in the target
+cache) sits at position L = target_cache.lengths = draft_cache.lengths.
+- draft_step: block [anchor, MASK...] at L.., attending to the drafter's committed-context cache and,
+  with Carryover, to the carried rows (the previous round's rejected verify features, valid iff
+  j < rejected_count) -> P proposals (+ draft distributions q when sampling).
+- verify_step: one target forward over [anchor, d_1..d_P] (writes P+1 cache slots, returns the tapped
+  features) -> accepted count a, correction/bonus y -> commit d_1..d_a, y; target lengths L+a+1
+  (rollback = moving lengths); features of verify indices 0..a appended to the drafter cache; indices
+  a+1..P become the carried rows, rejected_count = P - a. Nothing leaves the device inside a round.
+Every shape is fixed by (batch, bucket, P): a round compiles once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from carryover_jax.config import DrafterConfig, TargetConfig
+from carryover_jax.decode.sampling import probs, sample
+from carryover_jax.models import drafter as D
+from carryover_jax.models.cache import KVCache
+from carryover_jax.models.target import TargetLM, new_cache
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig:
+    """Static (jit) settings of one speculative decoding run."""
+
+    target: TargetConfig
+    drafter: DrafterConfig
+    carryover: bool = True
+    sampling: bool = False  # False: every row greedy, no draft distributions are materialised
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def P(self) -> int:
+        return self.drafter.num_proposals
+
+
+@flax.struct.dataclass
+class SpecState:
+    target_cache: KVCache
+    draft_cache: KVCache
+    carried: Array  # [B, P, m·d] rejected verify features of the last round
+    rejected_count: Array  # [B]
+    anchor: Array  # [B]
+    out: Array  # [B, N + P + 1] committed tokens (first from prefill)
+    out_len: Array  # [B]
+    done: Array  # [B]
+    max_new: Array  # [B]
+    temperature: Array  # [B]
+    stop_ids: Array  # [n_stop] padded with -1
+    rng: Array
+    rounds: Array  # [B] verification rounds per row
+    accepted: Array  # [B, R] accepted drafts per round (-1 = no round)
+
+
+def _is_stop(tok, stop_ids):
+    return jnp.any(tok[..., None] == stop_ids, axis=-1)
+
+
+def _frozen(target_params, cfg: TargetConfig):
+    return D.frozen_from_target(target_params, cfg)
+
+
+@functools.partial(jax.jit, static_argnames=("sc", "max_len", "out_len", "max_rounds"))
+def prefill(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens, max_new, temperature, stop_ids, rng,
+            *, max_len: int, out_len: int, max_rounds: int) -> SpecState:
+    """Target prefill with feature taps, first token, and the drafter's context cache for the prompt."""
+    b = tokens.shape[0]
+    max_new = jnp.minimum(max_new, out_len)  # the output buffer bounds every row (callers size it)
+    cache = new_cache(sc.target, b, max_len)
+    logits, cache, taps = TargetLM(sc.target).apply(
+        {"params": target_params}, tokens, cache=cache, tap_layers=sc.drafter.target_layer_ids,
+        logit_indices=(prompt_lens - 1)[:, None],
+    )
+    cache = cache.with_lengths(prompt_lens)
+    feats = jnp.concatenate(taps, axis=-1)
+    dcache = D.append_context(sc.drafter, draft_params, D.new_context_cache(sc.drafter, b, max_len), feats,
+                              prompt_lens)
+    rng, sub = jax.random.split(rng)
+    first = sample(sub, logits[:, 0], temperature, sc.top_k, sc.top_p)
+    out = jnp.zeros((b, out_len + sc.P + 1), jnp.int32).at[:, 0].set(first)
+    out_len_ = jnp.ones((b,), jnp.int32)
+    return SpecState(
+        target_cache=cache, draft_cache=dcache,
+        carried=jnp.zeros((b, sc.P, sc.drafter.feature_dim), feats.dtype),
+        rejected_count=jnp.zeros((b,), jnp.int32), anchor=first, out=out, out_len=out_len_,
+        done=_is_stop(first, stop_ids) | (out_len_ >= max_new), max_new=max_new, temperature=temperature,
+        stop_ids=stop_ids, rng=rng, rounds=jnp.zeros((b,), jnp.int32),
+        accepted=jnp.full((b, max_rounds), -1, jnp.int32),
+    )
+
+
+def _draft(sc: SpecConfig, target_params, draft_params, s: SpecState):
+    frozen = _frozen(target_params, sc.target)
+    carried = (s.carried, s.rejected_count) if sc.carryover else (None, None)
+    logits = D.draft_block_logits(sc.drafter, draft_params, frozen, s.draft_cache, s.anchor, *carried)
+    rng, sub = jax.random.split(s.rng)
+    toks, q, _ = D.sequential_proposals(sc.drafter, draft_params, logits, s.anchor, sub, s.temperature,
+                                        sc.top_k, sc.top_p)
+    return toks, (q if sc.sampling else None), s.replace(rng=rng)
+
+
+draft_step = jax.jit(_draft, static_argnames=("sc",))
+draft_step.__doc__ = "state -> (proposals [B, P], draft distributions [B, P, V] or None, state)"
+
+
+def accept(sc: SpecConfig, logits, proposals, q, temperature, rng):
+    """Accepted count a [B] and correction/bonus token y [B].
+
+    Greedy: the longest prefix with d_i == argmax p_{i-1}; y = argmax p_a. Sampling: lossless
+    rejection sampling (accept d_i w.p. min(1, p(d_i)/q(d_i)); on the first rejection y ~ norm(max(p-q, 0)),
+    else the bonus y ~ p_P). Rows with temperature 0 inside a sampling batch reduce to greedy exactly
+    because both p and q are one-hot there.
+    """
+    P = proposals.shape[1]
+    if not sc.sampling:
+        tgt = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        a = jnp.sum(jnp.cumprod(proposals == tgt[:, :P], axis=1), axis=1).astype(jnp.int32)
+        return a, jnp.take_along_axis(tgt, a[:, None], axis=1)[:, 0]
+    p = probs(logits, temperature[:, None], sc.top_k, sc.top_p)  # [B, P+1, V]
+    k_u, k_y = jax.random.split(rng)
+    pd = jnp.take_along_axis(p[:, :P], proposals[..., None], axis=-1)[..., 0]
+    qd = jnp.take_along_axis(q, proposals[..., None], axis=-1)[..., 0]
+    u = jax.random.uniform(k_u, pd.shape)
+    ok = u < jnp.minimum(1.0, pd / jnp.maximum(qd, 1e-10))
+    a = jnp.sum(jnp.cumprod(ok, axis=1), axis=1).astype(jnp.int32)
+    pa = jnp.take_along_axis(p, a[:, None, None], axis=1)[:, 0]
+    qa = jnp.take_along_axis(q, jnp.minimum(a, P - 1)[:, None, None], axis=1)[:, 0]
+    resid = jnp.where((a < P)[:, None], jnp.maximum(pa - qa, 0.0), pa)
+    mass = jnp.sum(resid, axis=-1, keepdims=True)
+    resid = jnp.where(mass > 1e-8, resid / jnp.maximum(mass, 1e-30), pa)
+    y = jax.random.categorical(k_y, jnp.where(resid > 0, jnp.log(jnp.maximum(resid, 1e-38)), -jnp.inf))
+    return a, y.astype(jnp.int32)
+
+
+def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals, q):
+    P = sc.P
+    b = proposals.shape[0]
+    active = ~s.done
+    chunk = jnp.concatenate([s.anchor[:, None], proposals], axis=1)
+    logits, tcache, taps = TargetLM(sc.target).apply(
+        {"params": target_params}, chunk, cache=s.target_cache, tap_layers=sc.drafter.target_layer_ids)
+    feats = jnp.concatenate(taps, axis=-1)  # [B, P+1, m·d]
+    rng, sub = jax.random.split(s.rng)
+    a, y = accept(sc, logits, proposals, q, s.temperature, sub)
+
+    # tokens committed this round: d_1..d_a, y — cut at a stop token and at max_new
+    j = jnp.arange(P + 1)[None, :]
+    seq = jnp.where(j < a[:, None], jnp.pad(proposals, ((0, 0), (0, 1))), y[:, None])
+    n = a + 1
+    stop_here = _is_stop(seq, s.stop_ids) & (j < n[:, None])
+    hit_stop = jnp.any(stop_here, axis=1)
+    n = jnp.where(hit_stop, jnp.argmax(stop_here, axis=1) + 1, n)
+    n = jnp.minimum(n, s.max_new - s.out_len)
+    n = jnp.where(active, n, 0)
+
+    def put(row, vals, start, count):
+        cur = jax.lax.dynamic_slice_in_dim(row, start, P + 1)
+        return jax.lax.dynamic_update_slice_in_dim(row, jnp.where(jnp.arange(P + 1) < count, vals, cur), start, 0)
+
+    out = jax.vmap(put)(s.out, seq, s.out_len, n)
+    out_len = s.out_len + n
+    done = s.done | (active & (hit_stop | (out_len >= s.max_new)))
+
+    keep = jnp.where(active, a + 1, 0)
+    tcache = tcache.with_lengths(s.target_cache.lengths + keep)
+    dcache = D.append_context(sc.drafter, draft_params, s.draft_cache, feats, keep)
+    idx = jnp.minimum(a[:, None] + 1 + jnp.arange(P)[None, :], P)
+    carried = jnp.take_along_axis(feats, idx[..., None], axis=1)
+    rounds = s.rounds + active.astype(jnp.int32)
+    r_idx = jnp.minimum(s.rounds, s.accepted.shape[1] - 1)
+    accepted = s.accepted.at[jnp.arange(b), r_idx].set(jnp.where(active, a, s.accepted[jnp.arange(b), r_idx]))
+    return s.replace(
+        target_cache=tcache, draft_cache=dcache, carried=carried,
+        rejected_count=jnp.where(active, P - a, 0).astype(jnp.int32),
+        anchor=jnp.where(active, y, s.anchor), out=out, out_len=out_len, done=done, rng=rng, rounds=rounds,
+        accepted=accepted,
+    )
+
+
+verify_step = jax.jit(_verify, static_argnames=("sc",), donate_argnames=("s",))
+verify_step.__doc__ = "(state, proposals, q) -> state after acceptance, commit, rollback and carry"
+
+
+def _round(sc, target_params, draft_params, s):
+    toks, q, s = _draft(sc, target_params, draft_params, s)
+    return _verify(sc, target_params, draft_params, s, toks, q)
+
+
+@functools.partial(jax.jit, static_argnames=("sc",), donate_argnames=("s",))
+def generate_loop(sc: SpecConfig, target_params, draft_params, s: SpecState) -> SpecState:
+    """Rounds until every row is done, in one `lax.while_loop` (no host round-trips)."""
+    return jax.lax.while_loop(lambda st: ~jnp.all(st.done), lambda st: _round(sc, target_params, draft_params, st), s)
