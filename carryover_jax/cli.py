@@ -43,17 +43,29 @@ def _cmd_generate(args) -> int:
     if not prompts:
         raise CarryoverError("give at least one --prompt or a --prompts-file")
     target = load_target(args.target, dtype=args.dtype)
-    results = generate(
-        target, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, chat=not args.no_chat, max_len=args.max_len,
-    )
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+              top_p=args.top_p, seed=args.seed, chat=not args.no_chat, max_len=args.max_len)
+    if args.drafter:
+        from carryover_jax.decode.generate import speculative_generate
+        from carryover_jax.loading import load_drafter
+
+        drafter = load_drafter(args.drafter, target=target, dtype=args.dtype,
+                               carryover=None if not args.no_carryover else False)
+        results, run_stats = speculative_generate(target, drafter, prompts, carryover=not args.no_carryover,
+                                                  stepwise=args.stepwise, **kw)
+        print(f"[speculative: tau {run_stats['tau']}, {run_stats['rounds']} rounds, "
+              f"{run_stats['tokens_per_s']} tok/s, carryover {'on' if not args.no_carryover else 'off'}]",
+              file=sys.stderr)
+    else:
+        results = generate(target, prompts, **kw)
     for r in results:
         if args.json:
             print(json.dumps(r.to_json(), ensure_ascii=False))
         else:
             print(r.text)
             s = r.stats
-            print(f"[{s['new_tokens']} tokens, {s['time_s']:.2f} s, {s['tokens_per_s']:.1f} tok/s, "
+            tau = f", tau {s['tau']}" if "tau" in s else ""
+            print(f"[{s['new_tokens']} tokens, {s['time_s']:.2f} s, {s['tokens_per_s']:.1f} tok/s{tau}, "
                   f"stop: {r.stop_reason}]", file=sys.stderr)
     return 0
 
@@ -65,13 +77,40 @@ def _cmd_convert(args) -> int:
     return 0
 
 
+def _cmd_init_drafter(args) -> int:
+    from carryover_jax.loading import init_drafter, load_target
+    from carryover_jax.weights.drafter_formats import save_drafter
+
+    target = load_target(args.target)
+    ids = tuple(int(x) for x in args.layer_ids.split(",")) if args.layer_ids else None
+    d = init_drafter(target, kind=args.kind, layout=args.layout, num_proposals=args.proposals,
+                     num_layers=args.layers, target_layer_ids=ids, mask_token_id=args.mask_token_id,
+                     carryover=not args.no_carryover, seed=args.seed)
+    print(save_drafter(d.cfg, d.params, args.out))
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from carryover_jax.loading import load_drafter, load_target
+    from carryover_jax.models.drafter import frozen_from_target
+    from carryover_jax.weights.drafter_formats import export_drafter
+
+    frozen = None
+    target = None
+    if args.format == "deepspec":
+        target = load_target(args.target, tokenizer=False)
+        frozen = frozen_from_target(target.params, target.cfg)
+    d = load_drafter(args.drafter, target=target)
+    print(export_drafter(d.cfg, d.params, args.out, args.format, frozen=frozen,
+                         dtype=None if args.dtype == "keep" else args.dtype))
+    return 0
+
+
 def _write_result(result: dict, out: str | None):
     if out:
-        path = Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        os.replace(tmp, path)
+        from carryover_jax.io import atomic_write_json
+
+        atomic_write_json(out, result)
 
 
 def _cmd_bench(args) -> int:
@@ -84,6 +123,22 @@ def _cmd_bench(args) -> int:
         result = ar.run(target, batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens,
                         repeats=args.repeats)
         print(ar.format_table(result))
+        _write_result(result, args.out)
+        return 0
+    if args.what == "decode":
+        from carryover_jax.bench import decode
+        from carryover_jax.loading import init_drafter, load_drafter
+
+        target = load_target(args.target, dtype=args.dtype)
+        if args.drafter:
+            drafter = load_drafter(args.drafter, target=target, carryover=True)
+        else:
+            print("bench decode: no --drafter given; using an untrained random drafter (tau ~ 1): the numbers "
+                  "then measure engine overheads, not speedups", file=sys.stderr)
+            drafter = init_drafter(target, kind="dflash", layout="zlab")
+        result = decode.run(target, drafter, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                            batch_sizes=tuple(args.batch_sizes))
+        print(decode.format_table(result))
         _write_result(result, args.out)
         return 0
     raise CarryoverError(f"unknown benchmark {args.what!r}")
@@ -105,14 +160,41 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-len", type=int, default=None, help="KV cache length (default: fits the request)")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
+    g.add_argument("--drafter", help="drafter folder (native, z-lab or DeepSpec format): speculative decoding")
+    g.add_argument("--no-carryover", action="store_true", help="plain drafter: do not carry rejected states")
+    g.add_argument("--stepwise", action="store_true",
+                   help="host-driven rounds (reports draft/verify time split) instead of one while_loop")
     g.set_defaults(func=_cmd_generate)
+
+    i = sub.add_parser("init-drafter", help="write a randomly initialised drafter for a target (native format)")
+    i.add_argument("--target", default="smollm2")
+    i.add_argument("--kind", choices=["dflash", "markov"], default="dflash")
+    i.add_argument("--layout", choices=["zlab", "deepspec"], default="zlab")
+    i.add_argument("--proposals", type=int, default=15, help="draft tokens per round (paper: 15)")
+    i.add_argument("--layers", type=int, default=5)
+    i.add_argument("--layer-ids", help="comma-separated target layer ids (default: z-lab spacing)")
+    i.add_argument("--mask-token-id", type=int, default=None)
+    i.add_argument("--no-carryover", action="store_true")
+    i.add_argument("--seed", type=int, default=0)
+    i.add_argument("--out", required=True)
+    i.set_defaults(func=_cmd_init_drafter)
+
+    e = sub.add_parser("export", help="write a drafter as a PyTorch checkpoint (z-lab DFlash or DeepSpec format)")
+    e.add_argument("--drafter", required=True, help="drafter folder (native, z-lab or DeepSpec)")
+    e.add_argument("--format", choices=["zlab", "deepspec"], required=True)
+    e.add_argument("--target", default="smollm2", help="target whose embed/lm_head the DeepSpec format stores")
+    e.add_argument("--dtype", choices=["bfloat16", "float32", "keep"], default="bfloat16")
+    e.add_argument("--out", required=True)
+    e.set_defaults(func=_cmd_export)
 
     c = sub.add_parser("convert", help="convert a GGUF target (or alias) to an HF folder in the cache; print it")
     c.add_argument("--target", default="smollm2")
     c.set_defaults(func=_cmd_convert)
 
     b = sub.add_parser("bench", help="benchmarks that print ratios measured side by side in one run")
-    b.add_argument("what", choices=["ar"])
+    b.add_argument("what", choices=["ar", "decode"])
+    b.add_argument("--drafter", help="bench decode: drafter folder (default: an untrained random drafter)")
+    b.add_argument("--prompts", type=int, default=4, help="bench decode: prompts decoded one by one")
     _add_target_args(b)
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--max-new-tokens", type=int, default=64)

@@ -97,3 +97,51 @@ def load_target(
         except Exception as e:
             raise CheckpointError(f"{folder}: cannot load the tokenizer ({str(e).splitlines()[0]})") from None
     return Target(cfg=cfg, params=params, tokenizer=tok, path=folder, stop_token_ids=_stop_ids(folder, hf_cfg, tok))
+
+
+@dataclasses.dataclass
+class DraftModel:
+    """A drafter ready to decode: config, params (plain pytree) and where it came from."""
+
+    cfg: Any  # DrafterConfig
+    params: Any
+    path: Path | None = None
+
+
+def default_mask_token_id(target: Target) -> int:
+    """The frozen MASK row for a target: Qwen3's unused 151669, else a documented unused special token."""
+    from carryover_jax.config import MASK_TOKEN_IDS
+
+    if target.cfg.family == "qwen3":
+        return MASK_TOKEN_IDS["qwen3"]
+    tok = target.tokenizer
+    if tok is not None:
+        tid = tok.convert_tokens_to_ids("<empty_output>")  # SmolLM2 / StarCoder-family vocabularies
+        if isinstance(tid, int) and tid != tok.unk_token_id and tid is not None and tid >= 0:
+            return tid
+    raise CarryoverError("no default MASK token for this target: pass mask_token_id (an unused special-token row)")
+
+
+def init_drafter(target: Target, *, seed: int = 0, mask_token_id: int | None = None, **kw) -> DraftModel:
+    """A randomly initialised drafter for `target` (kw: kind, layout, num_proposals, num_layers, ...)."""
+    import jax
+
+    from carryover_jax.config import DrafterConfig
+    from carryover_jax.models.drafter import init_drafter_params
+
+    if mask_token_id is None:
+        mask_token_id = default_mask_token_id(target)
+    cfg = DrafterConfig.for_target(target.cfg, mask_token_id=mask_token_id, **kw)
+    return DraftModel(cfg, init_drafter_params(cfg, jax.random.key(seed)))
+
+
+def load_drafter(path: str | os.PathLike, *, carryover: bool | None = None, layout: str | None = None,
+                 dtype: str | None = None, target: Target | None = None) -> DraftModel:
+    """A native, z-lab (DFlashDraftModel) or DeepSpec (Qwen3DSparkModel) drafter folder."""
+    from carryover_jax.models.drafter import check_pair
+    from carryover_jax.weights.drafter_formats import load_drafter as _load
+
+    cfg, params = _load(path, carryover=carryover, layout=layout, dtype=dtype)
+    if target is not None:
+        check_pair(cfg, target.cfg)
+    return DraftModel(cfg, params, Path(path))

@@ -19,8 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from safetensors.numpy import save_file
 
 from carryover_jax.config import DrafterConfig, TargetConfig
 from carryover_jax.errors import CheckpointError, ConfigError
+from carryover_jax.io import atomic_dir
 from carryover_jax.weights.hf import SafetensorsReader, flatten, load_params
 
 FORMATS = ("native", "zlab", "deepspec")
@@ -121,27 +120,13 @@ def _tensors(params, dtype) -> dict[str, np.ndarray]:
     return out
 
 
-def _atomic_dir(folder: Path, write) -> Path:
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
-        write(tmp)
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return folder
-
-
 def save_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike) -> Path:
     """Native folder (exact dtypes, e_rej inline): what training writes and `load_drafter` reads."""
     def write(tmp: Path):
         save_file(_tensors(params, None), tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "drafter_config.json").write_text(json.dumps(drafter_config_to_dict(cfg), indent=2) + "\n")
 
-    return _atomic_dir(Path(folder), write)
+    return atomic_dir(Path(folder), write)
 
 
 def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: str, *, frozen=None,
@@ -173,7 +158,7 @@ def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: s
             save_file({CARRYOVER_TENSOR: e_rej}, tmp / CARRYOVER_FILE, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    return _atomic_dir(Path(folder), write)
+    return atomic_dir(Path(folder), write)
 
 
 # ---- reading ----------------------------------------------------------------------------------------

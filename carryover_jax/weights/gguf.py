@@ -8,11 +8,10 @@ though the weights are dense float32 by then.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from carryover_jax.errors import CheckpointError
+from carryover_jax.io import atomic_dir
 
 
 def convert_gguf(gguf_file: str | os.PathLike, out_dir: str | os.PathLike, *, quiet: bool = True) -> Path:
@@ -40,15 +39,9 @@ def convert_gguf(gguf_file: str | os.PathLike, out_dir: str | os.PathLike, *, qu
         raise CheckpointError(f"transformers cannot load {gguf_file}: {str(e).splitlines()[0]}") from None
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    def write(tmp: Path):
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    atomic_dir(out_dir, write)
     return out_dir

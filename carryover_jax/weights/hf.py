@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -20,6 +18,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from carryover_jax.errors import CheckpointError
+from carryover_jax.io import atomic_dir
 
 Params = Any
 _LEAF_TO_HF = {"kernel": "weight", "embedding": "weight", "weight": "weight", "bias": "bias"}
@@ -147,7 +146,6 @@ def save_params(
 ) -> Path:
     """Write `config.json` + `model.safetensors` atomically: the folder appears complete or not at all."""
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for path, leaf in flatten(params):
         name, transposed = name_fn(path)
@@ -155,18 +153,13 @@ def save_params(
         if dtype is not None:
             arr = arr.astype(dtype)
         tensors[name] = np.ascontiguousarray(arr.T if transposed else arr)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
+    def write(tmp: Path):
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(dict(config), indent=2) + "\n")
         for fname, text in (extra_files or {}).items():
             (tmp / fname).write_text(text)
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    atomic_dir(folder, write)
     return folder
 
 
