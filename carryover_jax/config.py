@@ -341,9 +341,116 @@ class DataConfig:
     max_new_tokens: int = 256  # per regenerated assistant turn
     temperature: float = 0.0  # 0 = greedy: the recorded response is the target's own greedy output
     top_p: float = 1.0
+    top_k: int = 0  # 0 = off (Qwen3's recommended sampling uses 20)
     gen_batch_size: int = 8
     seed: int = 0
     store_features: bool = False  # also store target features (the "feature store") at prepare time
     feature_layer_ids: tuple[int, ...] = ()
     max_len: int = 1024  # training sequence length: records are truncated / right-padded to it
     min_loss_tokens: int = 14
+
+
+# ---- Training ----------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+    """Device mesh sizes; -1 = all remaining devices. Axes: data (replicas), fsdp (params and batch
+    sharded), tensor (heads / mlp / vocab)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    shard_drafter: bool = False  # False: drafter params replicated (DeepSpec's no_shard); True: fsdp/tensor
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DrafterSpec:
+    """How to build a fresh drafter for the target (ignored when `init_from` names a checkpoint)."""
+
+    kind: str = "dflash"
+    layout: str = "zlab"
+    num_proposals: int = 15
+    num_layers: int = 5
+    target_layer_ids: tuple[int, ...] | None = None  # None: z-lab spacing
+    mask_token_id: int | None = None  # None: the target's default (see loading.default_mask_token_id)
+    markov_rank: int | None = None  # None: 256 for markov
+    carryover: bool = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    name: str = "run"
+    target: str = "smollm2"
+    drafter: DrafterSpec = DrafterSpec()
+    init_from: str | None = None  # drafter folder (native / z-lab / DeepSpec) to continue from
+    data: DataConfig = DataConfig()
+    features: str = "online"  # "online": frozen target forward per batch; "store": from the feature store
+    out_dir: str = "runs/train"
+    # optimisation (DeepSpec defaults)
+    batch_size: int = 8  # global sequences per optimizer step
+    num_anchors: int = 64
+    steps: int = 1000
+    epochs: int | None = None  # when set, steps = epochs * (records // batch_size)
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    loss_decay_gamma: float = 4.0
+    ce_weight: float | None = None  # None: 1.0 (dflash) / 0.1 (markov)
+    l1_weight: float | None = None  # None: 0.0 (dflash) / 0.9 (markov)
+    compute_dtype: str = "float32"  # "bfloat16" on accelerators; params stay float32
+    remat: bool = False
+    mesh: MeshConfig = MeshConfig()
+    # bookkeeping
+    seed: int = 42
+    log_every: int = 10
+    save_every: int = 200
+    keep_checkpoints: int = 3
+    async_checkpointing: bool = True
+
+    def __post_init__(self):
+        if self.features not in ("online", "store"):
+            raise ConfigError(f"features must be 'online' or 'store', got {self.features!r}")
+        if self.batch_size < 1 or self.num_anchors < 1:
+            raise ConfigError("batch_size and num_anchors must be positive")
+
+    def replace(self, **kw) -> "TrainConfig":
+        return dataclasses.replace(self, **kw)
+
+    @property
+    def loss_weights(self) -> tuple[float, float]:
+        markov = self.drafter.kind == "markov"
+        ce = self.ce_weight if self.ce_weight is not None else (0.1 if markov else 1.0)
+        l1 = self.l1_weight if self.l1_weight is not None else (0.9 if markov else 0.0)
+        return ce, l1
+
+
+def apply_overrides(cfg, overrides: list[str]):
+    """`key=value` overrides on nested frozen dataclasses (`data.max_len=512`, `drafter.kind=markov`);
+    values parse as Python literals when they can, else stay strings."""
+    import ast
+
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value")
+        key, raw = item.split("=", 1)
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        cfg = _set_path(cfg, key.split("."), value, key)
+    return cfg
+
+
+def _set_path(obj, path, value, full):
+    name = path[0]
+    if not dataclasses.is_dataclass(obj) or name not in {f.name for f in dataclasses.fields(obj)}:
+        raise ConfigError(f"unknown config key {full!r}")
+    if len(path) == 1:
+        cur = getattr(obj, name)
+        if isinstance(cur, tuple) and isinstance(value, list):
+            value = tuple(value)
+        return dataclasses.replace(obj, **{name: value})
+    return dataclasses.replace(obj, **{name: _set_path(getattr(obj, name), path[1:], value, full)})

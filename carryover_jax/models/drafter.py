@@ -32,6 +32,7 @@ class DraftLayers(nn.Module):
     """Named "layers": `layers/<i>/...`. One compact method serves both uses (static `project_only`)."""
 
     cfg: DrafterConfig
+    remat: bool = False
 
     @nn.compact
     def __call__(self, h, positions, block_mask, cached=None, rows=(), *, project_only=False):
@@ -39,8 +40,10 @@ class DraftLayers(nn.Module):
         Otherwise: block hidden states after all layers. `cached` = (ks, vs, mask) per-layer K/V;
         `rows` = ((C, positions, mask), ...) fused rows projected in every layer."""
         ks, vs = [], []
+        # remat recomputes each layer's activations in the backward pass (long training sequences)
+        layer_cls = nn.remat(DecoderLayer, methods=["with_context"]) if self.remat else DecoderLayer
         for i in range(self.cfg.backbone.num_layers):
-            layer = DecoderLayer(self.cfg.backbone, name=str(i))
+            layer = layer_cls(self.cfg.backbone, name=str(i))
             if project_only:
                 k, v = layer.context_kv(*rows[0][:2])
                 ks.append(k)
@@ -72,13 +75,14 @@ class MarkovHead(nn.Module):
 
 class Drafter(nn.Module):
     cfg: DrafterConfig
+    remat: bool = False
 
     def setup(self):
         c, bc = self.cfg, self.cfg.backbone
         dt, pdt = dtype_of(bc.dtype), dtype_of(bc.param_dtype)
         self.fc = dense(bc.hidden_size, "fc", ("features", "embed"), use_bias=False, dtype=dt, param_dtype=pdt)
         self.hidden_norm = RMSNorm(bc.rms_norm_eps, dt, pdt)
-        self.layers = DraftLayers(c)
+        self.layers = DraftLayers(c, self.remat)
         self.norm = RMSNorm(bc.rms_norm_eps, dt, pdt)
         if c.carryover:
             self.e_rej = self.param(
@@ -120,8 +124,10 @@ class Drafter(nn.Module):
         return self.markov_head(prev_tokens)
 
     def __call__(self, tokens, positions, frozen, features, feature_positions, feature_mask,
-                 carried=None, carried_positions=None, carried_mask=None, block_mask=None):
-        """Cache-free forward (training, tests): backbone logits [B, T, V] of the block slots.
+                 carried=None, carried_positions=None, carried_mask=None, block_mask=None, *,
+                 return_hidden=False):
+        """Cache-free forward (training, tests): backbone logits [B, T, V] of the block slots
+        (or the final-normed hidden states with `return_hidden`).
 
         features [B, S, m·d] with feature_mask [B, T, S]; carried [B, P, m·d] with carried_mask [B, T, P].
         """
@@ -129,7 +135,7 @@ class Drafter(nn.Module):
         if carried is not None:
             rows.append((self.fuse_carried(carried), carried_positions, carried_mask))
         h = self.block_hidden(tokens, positions, frozen, rows=tuple(rows), block_mask=block_mask)
-        return logits_from_hidden(h, frozen)
+        return h if return_hidden else logits_from_hidden(h, frozen)
 
 
     def init_all(self, tokens, *args, **kw):
@@ -164,8 +170,9 @@ def check_pair(cfg: DrafterConfig, target_cfg) -> None:
             raise ConfigError(f"drafter/target mismatch: the drafter expects {what} {a}, the target has {b}")
 
 
-def init_drafter_params(cfg: DrafterConfig, rng: Array):
-    """Random init (N(0, 0.02) kernels, unit norms, zero e_rej), like DeepSpec's post_init."""
+def init_drafter_params(cfg: DrafterConfig, rng: Array, *, boxed: bool = False):
+    """Random init (N(0, 0.02) kernels, unit norms, zero e_rej), like DeepSpec's post_init.
+    `boxed` keeps flax's logical-partitioning boxes (for sharding specs; use under eval_shape)."""
     d = cfg.hidden_size
     v = cfg.backbone.vocab_size
     frozen = {"embed": jnp.zeros((v, d)), "head": jnp.zeros((d, v))}
@@ -180,7 +187,8 @@ def init_drafter_params(cfg: DrafterConfig, rng: Array):
     def init(r):
         return Drafter(cfg).init(r, *args, **kw, method=Drafter.init_all)
 
-    return nn.unbox(jax.jit(init)(rng))["params"]
+    out = jax.jit(init)(rng)["params"]
+    return out if boxed else nn.unbox(out)
 
 
 # ---- decoding-time pieces (the committed-context cache and the block with carried rows) ---------------

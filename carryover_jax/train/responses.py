@@ -1,0 +1,245 @@
+"""`prepare_responses`: regenerate the assistant turns of a prompt source with the target itself and
+append them, token by token as generated, to a `ResponseStore` (optionally with target features).
+
+A drafter must learn the target's own distribution, so each conversation is replayed turn by turn:
+the target answers user turn k given the system turn, user turns 1..k and its own earlier replies
+(the source's assistant turns are dropped). One record per conversation holds the whole replayed
+sequence, built incrementally: the first prompt is `Target.encode(system + user 1)`; each generated
+reply is appended verbatim (loss mask 1, stop token included); the chat-template text between a reply
+and the next generation prompt is rendered, tokenized separately (no special tokens) and appended with
+loss mask 0. A greedy record is therefore exactly the target's greedy continuation of its prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from carryover_jax.config import DataConfig, TargetConfig, next_bucket
+from carryover_jax.decode.generate import generate, pad_batch
+from carryover_jax.errors import CarryoverError, ConfigError
+from carryover_jax.models.target import TargetLM
+from carryover_jax.train.sources import Conversation, conversations
+from carryover_jax.train.store import ResponseStore
+
+# Stands in for a reply while rendering the template text that follows it. Not a special token and
+# free of whitespace, so templates copy it verbatim (one that rewrites assistant content is refused).
+SENTINEL = "CARRYOVERxREPLYx7f3a9c"
+# DataConfig fields that change what a store contains; a store reopened with other values is refused.
+# (max_prompts may grow between runs to extend a store; gen_batch_size only groups the work.)
+CONTENT_FIELDS = ("source", "split", "heldout_per_mille", "max_turns", "max_prompt_tokens", "max_new_tokens",
+                  "temperature", "top_p", "top_k", "seed", "store_features", "feature_layer_ids", "min_loss_tokens")
+
+
+def store_meta(cfg: DataConfig, target) -> dict[str, Any]:
+    """What a store's records depend on: the target (name, architecture, stop tokens), its chat template,
+    the feature layers and the content-defining data settings. Numerics dtypes are not included."""
+    tcfg = {k: v for k, v in dataclasses.asdict(target.cfg).items() if k not in ("dtype", "param_dtype")}
+    template = getattr(target.tokenizer, "chat_template", None) or ""
+    return {
+        "target": target.path.name if target.path is not None else None,
+        "target_config": tcfg,
+        "stop_token_ids": list(target.stop_token_ids),
+        "chat_template_sha1": hashlib.sha1(template.encode("utf-8")).hexdigest(),
+        "feature_layer_ids": list(cfg.feature_layer_ids) if cfg.store_features else [],
+        "data": {k: getattr(cfg, k) for k in CONTENT_FIELDS},
+    }
+
+
+def _check(cfg: DataConfig, target) -> None:
+    tok = target.tokenizer
+    if tok is None or not getattr(tok, "chat_template", None):
+        raise CarryoverError("prepare_responses needs the target's tokenizer with a chat template")
+    if cfg.max_turns < 1 or cfg.max_new_tokens < 1 or cfg.gen_batch_size < 1:
+        raise ConfigError("max_turns, max_new_tokens and gen_batch_size must be >= 1")
+    limit = target.cfg.max_position_embeddings
+    if cfg.max_prompt_tokens + cfg.max_new_tokens > limit:
+        raise ConfigError(
+            f"max_prompt_tokens + max_new_tokens = {cfg.max_prompt_tokens + cfg.max_new_tokens} exceeds the "
+            f"target's {limit} positions"
+        )
+    if cfg.store_features:
+        ids = list(cfg.feature_layer_ids)
+        last = target.cfg.num_layers - 1
+        if not ids or ids != sorted(set(ids)) or ids[0] < -1 or ids[-1] >= last:
+            raise ConfigError(
+                f"feature_layer_ids must be non-empty, strictly increasing and in [-1, {last - 1}], got {ids}"
+            )
+
+
+# ---- the plan: which conversations, in which batches -------------------------------------------------
+def _planned(cfg: DataConfig, target) -> Iterator[tuple[Conversation, list[int]]]:
+    """Conversations of the split whose first prompt fits, each with that prompt's ids; the first
+    `max_prompts` of them. Deterministic, so a resumed run sees the same batches."""
+    n = 0
+    for conv in conversations(cfg):
+        if cfg.max_prompts is not None and n >= cfg.max_prompts:
+            return
+        head = conv.messages[: 2 if conv.system else 1]
+        ids = target.encode(head)
+        if len(ids) > cfg.max_prompt_tokens:
+            continue
+        n += 1
+        yield conv, ids
+
+
+def _batches(items: Iterator, size: int) -> Iterator[list]:
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+# ---- replaying one batch of conversations ------------------------------------------------------------
+@dataclasses.dataclass
+class _Replay:
+    id: str
+    users: list[str]
+    history: list[dict[str, str]]  # system + user turns + regenerated replies so far (text)
+    ids: list[int]
+    mask: list[int]
+    last_reply: list[int] = dataclasses.field(default_factory=list)
+    active: bool = True
+
+
+def turn_separator(tokenizer, history: list[dict[str, str]], next_user: str, stop_text: str | None) -> str:
+    """Template text between the end of the last reply in `history` and the next generation prompt.
+
+    Rendered with a sentinel in place of that reply, so the text does not depend on how (or whether)
+    the template re-renders earlier turns. `stop_text` (the reply's stop token, already in the
+    sequence) is removed from its start."""
+    msgs = history[:-1] + [{"role": "assistant", "content": SENTINEL}, {"role": "user", "content": next_user}]
+    text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    if text.count(SENTINEL) != 1:
+        raise CarryoverError("the chat template does not render assistant replies verbatim; "
+                             "multi-turn records cannot be built (use max_turns=1)")
+    tail = text.split(SENTINEL, 1)[1]
+    if stop_text and tail.startswith(stop_text):
+        tail = tail[len(stop_text):]
+    return tail
+
+
+def _seed(cfg: DataConfig, batch_index: int, turn: int) -> int:
+    return int(np.random.SeedSequence([cfg.seed, batch_index, turn]).generate_state(1)[0])
+
+
+def _replay_batch(cfg: DataConfig, target, batch: list[tuple[Conversation, list[int]]], batch_index: int):
+    tok, stops = target.tokenizer, set(target.stop_token_ids)
+    states = [
+        _Replay(conv.id, conv.user_turns, conv.messages[: 2 if conv.system else 1], list(ids), [0] * len(ids))
+        for conv, ids in batch
+    ]
+    for turn in range(cfg.max_turns):
+        live = []
+        for s in states:
+            if not s.active or turn >= len(s.users):
+                continue
+            if turn:
+                stop = s.last_reply[-1] if s.last_reply and s.last_reply[-1] in stops else None
+                stop_text = tok.decode([stop], skip_special_tokens=False) if stop is not None else None
+                sep = tok(turn_separator(tok, s.history, s.users[turn], stop_text), add_special_tokens=False)["input_ids"]
+                if len(s.ids) + len(sep) > cfg.max_prompt_tokens:
+                    s.active = False  # keep the turns so far; the next prompt would be too long
+                    continue
+                s.ids += sep
+                s.mask += [0] * len(sep)
+                s.history.append({"role": "user", "content": s.users[turn]})
+            live.append(s)
+        if not live:
+            break
+        outs = generate(
+            target, [s.ids for s in live], max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+            top_k=cfg.top_k, top_p=cfg.top_p, seed=_seed(cfg, batch_index, turn), chat=False,
+        )
+        for s, g in zip(live, outs):
+            s.ids += g.token_ids
+            s.mask += [1] * len(g.token_ids)
+            s.last_reply = g.token_ids
+            body = g.token_ids[:-1] if g.stop_reason == "stop_token" else g.token_ids
+            s.history.append({"role": "assistant", "content": tok.decode(body, skip_special_tokens=True)})
+    records = [{"id": s.id, "input_ids": s.ids, "loss_mask": s.mask}
+               for s in states if sum(s.mask) >= cfg.min_loss_tokens]
+    skipped = [s.id for s in states if sum(s.mask) < cfg.min_loss_tokens]
+    return records, skipped
+
+
+# ---- target features ---------------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames=("cfg", "layer_ids"))
+def _features(params, tokens, *, cfg: TargetConfig, layer_ids: tuple[int, ...]):
+    """Cache-free target forward: taps of `layer_ids` concatenated in id order, and the final-normed
+    output of the last layer (the input of the LM head), both bfloat16."""
+    model = TargetLM(cfg)
+    last = cfg.num_layers - 1
+    # one logit row per sequence: the [B, T, V] logits are not needed
+    _, _, taps = model.apply({"params": params}, tokens, tap_layers=layer_ids + (last,),
+                             logit_indices=jnp.zeros((tokens.shape[0], 1), jnp.int32))
+    feats = jnp.concatenate(taps[:-1], axis=-1).astype(jnp.bfloat16)
+    normed = model.apply({"params": params}, taps[-1], method=lambda m, h: m.norm(h))
+    return feats, normed.astype(jnp.bfloat16)
+
+
+def target_features(target, sequences: list[list[int]], layer_ids: tuple[int, ...], *, batch_rows: int | None = None):
+    """Per sequence: (features [S, len(layer_ids) * d], last_hidden [S, d]) as bfloat16 numpy arrays.
+
+    Sequences are right-padded to a power-of-two bucket (causal attention: padding never reaches real
+    positions) and to `batch_rows` rows, which bounds recompiles."""
+    if not sequences:
+        return []
+    rows = max(batch_rows or len(sequences), len(sequences))
+    padded = pad_batch(sequences + [[0]] * (rows - len(sequences)), next_bucket(max(map(len, sequences))))
+    feats, last = jax.device_get(_features(target.params, jnp.asarray(padded), cfg=target.cfg,
+                                           layer_ids=tuple(layer_ids)))
+    return [(np.asarray(feats[i, : len(s)]), np.asarray(last[i, : len(s)])) for i, s in enumerate(sequences)]
+
+
+# ---- the driver --------------------------------------------------------------------------------------
+def prepare_responses(cfg: DataConfig, target, *, progress: bool = True,
+                      stop_after_batches: int | None = None) -> ResponseStore:
+    """Fill (or resume) the response store `cfg.store` with target-regenerated conversations.
+
+    Batches of `gen_batch_size` planned conversations are replayed together and committed one by
+    one; conversations already committed (as records or as dropped) are skipped, so an interrupted
+    run resumed with the same settings ends with exactly the store of an uninterrupted one.
+    `stop_after_batches` stops after that many newly processed batches (tests of resumption)."""
+    from tqdm.auto import tqdm
+
+    _check(cfg, target)
+    d = target.cfg.hidden_size
+    feats = cfg.store_features
+    store = ResponseStore.create_or_open(
+        cfg.store, feature_dim=len(cfg.feature_layer_ids) * d if feats else None, hidden=d if feats else None,
+        meta=store_meta(cfg, target),
+    )
+    done = store.done_ids()
+    processed = 0
+    bar = tqdm(total=cfg.max_prompts, unit="conv", desc="responses", disable=not progress)
+    try:
+        for index, batch in enumerate(_batches(_planned(cfg, target), cfg.gen_batch_size)):
+            todo = [item for item in batch if item[0].id not in done]
+            if todo:
+                records, skipped = _replay_batch(cfg, target, todo, index)
+                if feats:
+                    pairs = target_features(target, [r["input_ids"] for r in records], cfg.feature_layer_ids,
+                                            batch_rows=cfg.gen_batch_size)
+                    for r, (f, h) in zip(records, pairs):
+                        r["features"], r["last_hidden"] = f, h
+                store.append(records, skipped=skipped)
+                store.commit()
+                processed += 1
+            bar.update(len(batch))
+            bar.set_postfix(records=len(store), tokens=store.num_tokens)
+            if stop_after_batches is not None and processed >= stop_after_batches:
+                break
+    finally:
+        bar.close()
+    return store

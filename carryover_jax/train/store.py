@@ -1,0 +1,284 @@
+"""`ResponseStore`: an append-only, resumable record store on tensorstore zarr3 arrays.
+
+Layout of a store folder (levanter's jagged-array pattern: flat data + offsets):
+
+    meta.json          format, version, feature_dim, hidden, and the caller's `meta` (target, layers,
+                       chat-template hash, data settings); fixed at creation, checked on every reopen
+    commit.json        {"records": n, "tokens": T, "ids_bytes": .., "skipped_bytes": ..}: what is visible
+    tokens/            zarr3 int32  [T]        all records' input ids, back to back
+    loss_mask/         zarr3 uint8  [T]
+    offsets/           zarr3 int64  [n + 1]    record i is [offsets[i], offsets[i + 1])
+    features/          zarr3 bf16   [T, F]     optional: target features of the chosen layers
+    last_hidden/       zarr3 bf16   [T, d]     optional: final-normed last hidden state
+    ids.jsonl          one JSON string per record: its source conversation id
+    skipped.jsonl      ids processed but dropped (too few loss tokens), so a resumed run skips them too
+
+Commit protocol: `append` writes the array slices past the committed end (resizing the arrays) and
+appends to the two id files; `commit` then replaces commit.json atomically (os.replace), strictly
+after the data writes have completed. Readers use only the committed prefix, so a writer killed at
+any point leaves no partial record visible, and a writer reopening the folder truncates the id files
+to the committed bytes and overwrites anything in the arrays past the commit. One writer at a time.
+
+zarr3 (not zarr v2): it is tensorstore's current format, stores bfloat16 natively and resizes by
+rewriting one small zarr.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import ml_dtypes
+import numpy as np
+import tensorstore as ts
+
+from carryover_jax.errors import CarryoverError
+from carryover_jax.io import atomic_dir, atomic_write_json
+
+FORMAT = "carryover-response-store"
+VERSION = 1
+TOKEN_CHUNK = 1 << 16  # elements per chunk of the 1-D arrays (256 KiB of int32)
+FEATURE_CHUNK_BYTES = 4 << 20  # ~4 MiB chunks for the per-token feature rows
+BF16 = ml_dtypes.bfloat16
+
+# name -> (zarr3 dtype, numpy dtype, compress): token arrays compress well, bf16 activations do not.
+_FLAT = {"tokens": ("int32", np.int32, True), "loss_mask": ("uint8", np.uint8, True)}
+_ROWS = {"features": "feature_dim", "last_hidden": "hidden"}
+
+
+def _spec(folder: Path, name: str) -> dict:
+    return {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(folder / name)}}
+
+
+def _create_array(folder: Path, name: str, dtype: str, row: Sequence[int], chunk_rows: int, compress: bool):
+    codecs: list[dict] = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    if compress:
+        codecs.append({"name": "zstd", "configuration": {"level": 1}})
+    metadata = {
+        "shape": [0, *row], "data_type": dtype, "fill_value": 0, "codecs": codecs,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk_rows, *row]}},
+    }
+    ts.open({**_spec(folder, name), "metadata": metadata}, create=True).result()
+
+
+def _row_chunk(width: int) -> int:
+    rows = max(1, FEATURE_CHUNK_BYTES // (2 * width))
+    return 1 << (rows.bit_length() - 1)  # a power of two, so chunks align with typical appends
+
+
+def _jsonable(x: Any) -> Any:
+    return json.loads(json.dumps(x))  # tuples -> lists etc., so stored and requested meta compare equal
+
+
+class ResponseStore:
+    """Committed records: `len(store)`, `store[i]` -> {"input_ids", "loss_mask"[, "features", "last_hidden"]}."""
+
+    def __init__(self, path: str | os.PathLike, *, writable: bool = False):
+        self.path = Path(path)
+        info_file = self.path / "meta.json"
+        if not info_file.is_file():
+            raise CarryoverError(f"{self.path}: not a response store (no meta.json)")
+        self.info = json.loads(info_file.read_text())
+        if self.info.get("format") != FORMAT or self.info.get("version") != VERSION:
+            raise CarryoverError(f"{self.path}: not a version-{VERSION} response store")
+        self.feature_dim: int | None = self.info["feature_dim"]
+        self.hidden: int | None = self.info["hidden"]
+        self.writable = writable
+        names = ["tokens", "loss_mask", "offsets"] + [n for n, k in _ROWS.items() if self.info[k]]
+        self._arrays = {n: ts.open(_spec(self.path, n), open=True).result() for n in names}
+        self._load_commit()
+        if writable:
+            # Whatever a killed writer left past the commit is garbage: drop it from the id files
+            # (the arrays are simply overwritten from the committed end by the next append).
+            for name, size in (("ids.jsonl", self._commit["ids_bytes"]), ("skipped.jsonl", self._commit["skipped_bytes"])):
+                os.truncate(self.path / name, size)
+
+    # ---- opening -----------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "ResponseStore":
+        """Open an existing store read-only (training)."""
+        return cls(path)
+
+    @classmethod
+    def create_or_open(
+        cls,
+        path: str | os.PathLike,
+        *,
+        feature_dim: int | None = None,
+        hidden: int | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> "ResponseStore":
+        """Create a store, or reopen one for appending after checking that it was made with the same
+        `feature_dim`, `hidden` and `meta` (one `CarryoverError` listing every difference)."""
+        path = Path(path)
+        want = {"format": FORMAT, "version": VERSION, "feature_dim": feature_dim, "hidden": hidden,
+                "meta": _jsonable(dict(meta or {}))}
+        if not (path / "meta.json").is_file():
+            if path.exists() and any(path.iterdir()):
+                raise CarryoverError(f"{path}: exists and is not a response store; choose an empty or new folder")
+            # Built in a temporary sibling and renamed: a crash mid-creation leaves no half store.
+            atomic_dir(path, lambda tmp: cls._init_folder(tmp, want))
+            return cls(path, writable=True)
+        store = cls(path, writable=False)
+        diffs = []
+        for key in ("format", "version", "feature_dim", "hidden"):
+            if store.info.get(key) != want[key]:
+                diffs.append(f"{key}: stored {store.info.get(key)!r}, requested {want[key]!r}")
+        have_meta = store.info.get("meta", {})
+        for key in sorted(set(have_meta) | set(want["meta"])):
+            if have_meta.get(key) != want["meta"].get(key):
+                diffs.append(f"{key}: stored {have_meta.get(key)!r:.120}, requested {want['meta'].get(key)!r:.120}")
+        if diffs:
+            raise CarryoverError(
+                f"{path}: this response store was built with other settings ({'; '.join(diffs)}); "
+                "use another store folder or delete this one"
+            )
+        return cls(path, writable=True)
+
+    @staticmethod
+    def _init_folder(folder: Path, info: dict) -> None:
+        for name, (dtype, _, compress) in _FLAT.items():
+            _create_array(folder, name, dtype, (), TOKEN_CHUNK, compress)
+        _create_array(folder, "offsets", "int64", (), TOKEN_CHUNK, True)
+        for name, key in _ROWS.items():
+            if info[key]:
+                _create_array(folder, name, "bfloat16", (info[key],), _row_chunk(info[key]), False)
+        offsets = ts.open(_spec(folder, "offsets"), open=True).result()
+        offsets.resize(exclusive_max=[1]).result()[0:1].write(np.zeros(1, np.int64)).result()
+        (folder / "ids.jsonl").touch()
+        (folder / "skipped.jsonl").touch()
+        atomic_write_json(folder / "commit.json", {"records": 0, "tokens": 0, "ids_bytes": 0, "skipped_bytes": 0})
+        atomic_write_json(folder / "meta.json", info)
+
+    def _load_commit(self) -> None:
+        self._commit = json.loads((self.path / "commit.json").read_text())
+        self._pending = dict(self._commit)
+        self._pending_ids: list[str] = []
+        n = self._commit["records"]
+        self._offsets = np.asarray(self._arrays["offsets"][0 : n + 1].read().result(), np.int64)
+        self._ids = self._read_lines("ids.jsonl", self._commit["ids_bytes"])
+
+    def _read_lines(self, name: str, nbytes: int) -> list[str]:
+        with open(self.path / name, "rb") as f:
+            data = f.read(nbytes)
+        return [json.loads(line) for line in data.decode("utf-8").splitlines()]
+
+    def refresh(self) -> None:
+        """Re-read the commit (a reader following a running writer); pending appends are discarded."""
+        self._arrays = {n: ts.open(_spec(self.path, n), open=True).result() for n in self._arrays}
+        self._load_commit()
+
+    # ---- reading -----------------------------------------------------------------------------------
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.info["meta"]
+
+    @property
+    def num_tokens(self) -> int:
+        return self._commit["tokens"]
+
+    def __len__(self) -> int:
+        return self._commit["records"]
+
+    def ids(self) -> list[str]:
+        """Source ids of the committed records, in record order."""
+        return list(self._ids)
+
+    def done_ids(self) -> set[str]:
+        """Ids a resumed run must not redo: committed records and committed skips."""
+        return set(self._ids) | set(self._read_lines("skipped.jsonl", self._commit["skipped_bytes"]))
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self._offsets[: len(self) + 1])
+
+    def loss_counts(self, max_len: int | None = None) -> np.ndarray:
+        """Masked tokens per record within its first `max_len` tokens (all when None)."""
+        n, T = len(self), self.num_tokens
+        mask = np.asarray(self._arrays["loss_mask"][0:T].read().result(), np.int64) if T else np.zeros(0, np.int64)
+        cs = np.concatenate([[0], np.cumsum(mask)])
+        start = self._offsets[:n]
+        end = self._offsets[1 : n + 1] if max_len is None else np.minimum(self._offsets[1 : n + 1], start + max_len)
+        return cs[end] - cs[start]
+
+    def get(self, i: int, *, max_len: int | None = None, features: bool = True) -> dict[str, np.ndarray]:
+        """Record `i` (its first `max_len` tokens), with the feature arrays when stored and `features`."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"record {i} out of range for a store of {len(self)}")
+        a, b = int(self._offsets[i]), int(self._offsets[i + 1])
+        if max_len is not None:
+            b = min(b, a + max_len)
+        names = ["tokens", "loss_mask"] + [n for n in _ROWS if n in self._arrays and features]
+        futures = {n: self._arrays[n][a:b].read() for n in names}  # issue all reads, then wait
+        out = {n: np.asarray(f.result()) for n, f in futures.items()}
+        out["input_ids"] = out.pop("tokens")
+        return out
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return self.get(int(i))
+
+    # ---- writing -----------------------------------------------------------------------------------
+    def append(self, records: Iterable[Mapping[str, Any]], *, skipped: Iterable[str] = ()) -> None:
+        """Write records past the pending end (invisible until `commit`). Each record: "id",
+        "input_ids" [S], "loss_mask" [S], and "features" [S, F] / "last_hidden" [S, d] when the store
+        has them. `skipped` ids are remembered as done without a record."""
+        if not self.writable:
+            raise CarryoverError(f"{self.path}: opened read-only; use ResponseStore.create_or_open to append")
+        records = list(records)
+        rows = {n: [] for n in ["tokens", "loss_mask", *(n for n in _ROWS if n in self._arrays)]}
+        ids, lengths = [], []
+        for r in records:
+            ids.append(str(r["id"]))
+            tokens = np.asarray(r["input_ids"], np.int32).reshape(-1)
+            mask = np.asarray(r["loss_mask"], np.uint8).reshape(-1)
+            if len(tokens) == 0 or mask.shape != tokens.shape:
+                raise CarryoverError(f"record {ids[-1]!r}: input_ids and loss_mask must be non-empty and equally long")
+            lengths.append(len(tokens))
+            rows["tokens"].append(tokens)
+            rows["loss_mask"].append(mask)
+            for name, key in _ROWS.items():
+                width = self.info[key]
+                if name not in self._arrays:
+                    if r.get(name) is not None:
+                        raise CarryoverError(f"record {ids[-1]!r} has {name} but this store holds none")
+                    continue
+                x = r.get(name)
+                if x is None or np.shape(x) != (len(tokens), width):
+                    raise CarryoverError(
+                        f"record {ids[-1]!r}: {name} must have shape {(len(tokens), width)}, got {np.shape(x)}"
+                    )
+                rows[name].append(np.asarray(x).astype(BF16))
+        n0, t0 = self._pending["records"], self._pending["tokens"]
+        t1 = t0 + sum(lengths)
+        if records:
+            for name, parts in rows.items():
+                arr = self._arrays[name].resize(exclusive_max=[t1] + [None] * (self._arrays[name].rank - 1)).result()
+                arr[t0:t1].write(np.concatenate(parts)).result()
+                self._arrays[name] = arr
+            offsets = t0 + np.cumsum(lengths, dtype=np.int64)
+            arr = self._arrays["offsets"].resize(exclusive_max=[n0 + 1 + len(records)]).result()
+            arr[n0 + 1 : n0 + 1 + len(records)].write(offsets).result()
+            self._arrays["offsets"] = arr
+            self._offsets = np.concatenate([self._offsets[: n0 + 1], offsets])
+        self._pending["ids_bytes"] += self._append_lines("ids.jsonl", ids)
+        self._pending["skipped_bytes"] += self._append_lines("skipped.jsonl", [str(s) for s in skipped])
+        self._pending.update(records=n0 + len(records), tokens=t1)
+        self._pending_ids += ids
+
+    def _append_lines(self, name: str, items: list[str]) -> int:
+        if not items:
+            return 0
+        data = "".join(json.dumps(s) + "\n" for s in items).encode("utf-8")
+        with open(self.path / name, "ab") as f:
+            f.write(data)
+        return len(data)
+
+    def commit(self) -> None:
+        """Make everything appended so far visible (after all its data writes have completed)."""
+        if not self.writable:
+            raise CarryoverError(f"{self.path}: opened read-only")
+        atomic_write_json(self.path / "commit.json", self._pending)
+        self._commit = dict(self._pending)
+        self._ids += self._pending_ids
+        self._pending_ids = []
