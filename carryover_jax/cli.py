@@ -1,4 +1,4 @@
-"""The `carryover` command line: generate | convert | bench (training/eval/export join as they land)."""
+"""carryover: train and run speculative-decoding drafters with Carryover Drafting (JAX/Flax)."""
 
 from __future__ import annotations
 
@@ -106,6 +106,39 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _train_config(args):
+    from carryover_jax.config import apply_overrides
+    from configs import load_config
+
+    return apply_overrides(load_config(args.config), args.set or [])
+
+
+def _cmd_prepare(args) -> int:
+    from carryover_jax.loading import load_target
+    from carryover_jax.train.responses import prepare_responses
+
+    cfg = _train_config(args)
+    target = load_target(cfg.target)
+    store = prepare_responses(cfg.data, target, progress=not args.quiet)
+    print(json.dumps({"store": str(cfg.data.store), "records": len(store), "tokens": store.num_tokens}))
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from carryover_jax.train.loop import train
+
+    summary = train(_train_config(args), progress=not args.quiet)
+    print(json.dumps(summary))
+    return 0
+
+
+def _cmd_plot(args) -> int:
+    from carryover_jax.train.plots import plot_metrics
+
+    print(plot_metrics(args.run, args.out))
+    return 0
+
+
 def _write_result(result: dict, out: str | None):
     if out:
         from carryover_jax.io import atomic_write_json
@@ -148,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="carryover", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="generate text with the target (autoregressive)")
+    g = sub.add_parser("generate", help="generate text: autoregressive, or speculative with --drafter")
     _add_target_args(g)
     g.add_argument("--prompt", action="append", help="a user prompt (repeat for a batch)")
     g.add_argument("--prompts-file", help='JSONL with {"prompt": ...} or {"messages": [...]} per line')
@@ -190,6 +223,20 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="convert a GGUF target (or alias) to an HF folder in the cache; print it")
     c.add_argument("--target", default="smollm2")
     c.set_defaults(func=_cmd_convert)
+
+    for name, fn, text in (("prepare", _cmd_prepare, "regenerate training responses with the target (resumable)"),
+                           ("train", _cmd_train, "train a drafter (resumes from the run's last checkpoint)")):
+        t = sub.add_parser(name, help=text)
+        t.add_argument("--config", default="smollm2", help="tiny | smollm2 | qwen3_4b | path/to/config.py")
+        t.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a config field, e.g. --set steps=100 --set data.max_len=512")
+        t.add_argument("--quiet", action="store_true", help="no progress bar")
+        t.set_defaults(func=fn)
+
+    pl = sub.add_parser("plot", help="PNG of a run's metrics (loss, estimated tau, per-slot accept rate)")
+    pl.add_argument("--run", required=True, help="training output folder (holds metrics.jsonl)")
+    pl.add_argument("--out", default=None)
+    pl.set_defaults(func=_cmd_plot)
 
     b = sub.add_parser("bench", help="benchmarks that print ratios measured side by side in one run")
     b.add_argument("what", choices=["ar", "decode"])

@@ -449,8 +449,7 @@ def _set_path(obj, path, value, full):
     if not dataclasses.is_dataclass(obj) or name not in {f.name for f in dataclasses.fields(obj)}:
         raise ConfigError(f"unknown config key {full!r}")
     if len(path) == 1:
-        cur = getattr(obj, name)
-        if isinstance(cur, tuple) and isinstance(value, list):
+        if isinstance(value, list):  # config sequences are tuples (hashable, jit-static)
             value = tuple(value)
         return dataclasses.replace(obj, **{name: value})
     return dataclasses.replace(obj, **{name: _set_path(getattr(obj, name), path[1:], value, full)})

@@ -1,3 +1,35 @@
-"""Python run configs (frozen dataclasses). Target model shapes live in `carryover_jax.config.PRESETS`;
-drafter and training configs (tiny test config, the SmolLM2 default, the paper's Qwen3-4B settings)
-land here with the drafter and training issues."""
+"""Run configs in Python: each module defines `CONFIG`, a frozen `TrainConfig` (which nests the
+`DataConfig` used by `carryover prepare`). Load one with `carryover train --config smollm2` or a path
+(`--config configs/qwen3_4b.py`), and override fields with `--set key=value` (dotted for nesting).
+
+- `tiny`: seconds-long smoke run of the whole pipeline (tests, CI).
+- `smollm2`: the embedded default on this CPU (SmolLM2-135M-Instruct from PyPI, ShareGPT prompts).
+- `qwen3_4b`: the paper's Qwen3-4B settings (Table 4), for a GPU pod.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from carryover_jax.errors import ConfigError
+
+NAMES = ("tiny", "smollm2", "qwen3_4b")
+
+
+def load_config(name_or_path: str):
+    """A config module name from this package or a path to a Python file defining CONFIG."""
+    path = Path(name_or_path)
+    if name_or_path in NAMES:
+        path = Path(__file__).with_name(f"{name_or_path}.py")
+    elif not path.is_file():
+        raise ConfigError(f"no such config: {name_or_path!r} (known: {', '.join(NAMES)}, or a .py path)")
+    spec = importlib.util.spec_from_file_location(f"carryover_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise ConfigError(f"config {path} failed to load: {e}") from None
+    if not hasattr(module, "CONFIG"):
+        raise ConfigError(f"config {path} defines no CONFIG")
+    return module.CONFIG

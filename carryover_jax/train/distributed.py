@@ -1,0 +1,39 @@
+"""Multi-host start-up: `jax.distributed.initialize` from the environment.
+
+Explicit variables win: CARRYOVER_COORDINATOR (host:port), CARRYOVER_NUM_PROCESSES, CARRYOVER_PROCESS_ID
+(the generic launcher sets them). Under SLURM (SLURM_JOB_ID with more than one task) JAX's own cluster
+detection reads SLURM_* itself. A single process needs nothing. Each host then reads its own slice of
+the data (`jax.process_index()` of `jax.process_count()`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+_initialized = False
+
+
+def maybe_initialize() -> bool:
+    """Initialise the JAX distributed runtime when the environment describes a multi-process job."""
+    global _initialized
+    if _initialized:
+        return True
+    env = os.environ
+    if "CARRYOVER_COORDINATOR" in env:
+        jax.distributed.initialize(
+            coordinator_address=env["CARRYOVER_COORDINATOR"],
+            num_processes=int(env["CARRYOVER_NUM_PROCESSES"]),
+            process_id=int(env["CARRYOVER_PROCESS_ID"]),
+        )
+    elif int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env:
+        jax.distributed.initialize()
+    else:
+        return False
+    _initialized = True
+    return True
+
+
+def is_main() -> bool:
+    return jax.process_index() == 0

@@ -1,0 +1,179 @@
+"""`carryover train`: the training loop around the sharded step — data, checkpoints, metrics, export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from carryover_jax.config import DrafterConfig, TrainConfig
+from carryover_jax.errors import CarryoverError
+from carryover_jax.io import atomic_write_json
+from carryover_jax.train.checkpoint import Checkpointer, abstract_like
+from carryover_jax.train.distributed import is_main, maybe_initialize
+from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
+from carryover_jax.train.step import (
+    compile_step, drafter_shardings, init_state, make_optimizer, state_shardings, step_config, target_shardings,
+)
+
+BATCH_KEYS = ("input_ids", "loss_mask", "features", "last_hidden")
+
+
+def build_drafter(cfg: TrainConfig, target):
+    """Fresh drafter from `cfg.drafter`, or a checkpoint to continue (`cfg.init_from`)."""
+    from carryover_jax.loading import default_mask_token_id, load_drafter
+    from carryover_jax.models.drafter import init_drafter_params
+
+    if cfg.init_from:
+        d = load_drafter(cfg.init_from, carryover=cfg.drafter.carryover, target=target)
+        return d.cfg, d.params
+    spec = cfg.drafter
+    mask = spec.mask_token_id if spec.mask_token_id is not None else default_mask_token_id(target)
+    dcfg = DrafterConfig.for_target(
+        target.cfg, kind=spec.kind, layout=spec.layout, num_proposals=spec.num_proposals, num_layers=spec.num_layers,
+        target_layer_ids=spec.target_layer_ids, mask_token_id=mask, markov_rank=spec.markov_rank,
+        carryover=spec.carryover,
+    )
+    return dcfg, init_drafter_params(dcfg, jax.random.key(cfg.seed))
+
+
+def total_steps(cfg: TrainConfig, num_records: int) -> int:
+    if cfg.epochs is None:
+        return cfg.steps
+    per_epoch = num_records // cfg.batch_size
+    if per_epoch < 1:
+        raise CarryoverError(f"{num_records} records cannot fill one batch of {cfg.batch_size}")
+    return cfg.epochs * per_epoch
+
+
+def _host_metrics(m: dict) -> dict:
+    out = {}
+    for k, v in jax.device_get(m).items():
+        v = np.asarray(v)
+        out[k] = [round(float(x), 5) for x in v] if v.ndim else round(float(v), 6)
+    return out
+
+
+class MetricsLog:
+    """metrics.jsonl, one line per logged step; on resume, lines past the restored step are dropped so
+    a plot never shows the same step twice."""
+
+    def __init__(self, path: Path, start_step: int):
+        self.path = path
+        if path.exists():
+            keep = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= start_step]
+            path.write_text("".join(l + "\n" for l in keep))
+        self.f = path.open("a")
+
+    def write(self, rec: dict):
+        self.f.write(json.dumps(rec) + "\n")
+        self.f.flush()
+
+    def close(self):
+        self.f.close()
+
+
+def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None = None) -> dict[str, Any]:
+    """Run (or resume) training. `stop_at_step` ends the run early as if killed (after checkpointing
+    at the normal interval) — used by the resume tests."""
+    from tqdm import tqdm
+
+    from carryover_jax.loading import load_target
+    from carryover_jax.train.pipeline import make_train_iter
+    from carryover_jax.train.store import ResponseStore
+    from carryover_jax.weights.drafter_formats import drafter_config_to_dict, save_drafter
+
+    maybe_initialize()
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    store = ResponseStore.open(cfg.data.store)
+    if len(store) == 0:
+        raise CarryoverError(f"response store {cfg.data.store} has no records: run `carryover prepare` first")
+    target = load_target(cfg.target, tokenizer=cfg.init_from is None and cfg.drafter.mask_token_id is None)
+    dcfg, params = build_drafter(cfg, target)
+    sc = step_config(cfg, target.cfg, dcfg)
+    steps = total_steps(cfg, len(store))
+    optimizer = make_optimizer(cfg, steps)
+    if cfg.batch_size % jax.process_count():
+        raise CarryoverError(f"batch_size {cfg.batch_size} does not split over {jax.process_count()} processes")
+    local_batch = cfg.batch_size // jax.process_count()
+    mesh = make_mesh(cfg.mesh)
+    if is_main():
+        atomic_write_json(out / "train_config.json", dataclasses.asdict(cfg))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+        tsh = target_shardings(sc.target, mesh)
+        target_params = jax.device_put(target.params, tsh)
+        psh = drafter_shardings(sc.drafter, mesh, cfg.mesh.shard_drafter)
+        state = init_state(params, optimizer, cfg.seed)
+        ssh = state_shardings(state, psh, mesh)
+        data_iter = make_train_iter(
+            cfg.data, store, batch_size=local_batch, seed=cfg.seed, process_index=jax.process_index(),
+            process_count=jax.process_count(), with_features=cfg.features == "store",
+        )
+        ckpt = Checkpointer(out / "checkpoints", save_every=cfg.save_every, keep=cfg.keep_checkpoints,
+                            async_save=cfg.async_checkpointing)
+        restored = ckpt.restore(abstract_like(state, ssh), data_iter)
+        if restored is not None:
+            state, start = restored
+        else:
+            state, start = jax.device_put(state, ssh), 0
+        log = MetricsLog(out / "metrics.jsonl", start) if is_main() else None
+        step_fn = None
+        bar = tqdm(total=steps, initial=start, desc=f"train {cfg.name}", disable=not (progress and is_main()))
+        t_last, s_last, tokens = time.perf_counter(), start, 0
+        end = steps if stop_at_step is None else min(steps, stop_at_step)
+        try:
+            for step in range(start, end):
+                batch = next(data_iter)
+                batch = {k: np.asarray(v) for k, v in batch.items() if k in BATCH_KEYS}
+                if step_fn is None:
+                    step_fn = compile_step(sc, optimizer, mesh, ssh, tsh, {k: v.ndim for k, v in batch.items()})
+                state, metrics = step_fn(state, target_params, put_batch(batch, mesh))
+                tokens += int(batch["loss_mask"].sum()) * jax.process_count()
+                done = step + 1
+                if done % cfg.log_every == 0 or done == steps:
+                    m = _host_metrics(metrics)
+                    now = time.perf_counter()
+                    m.update(step=done, lr=float(optimizer_lr(cfg, steps, step)),
+                             steps_per_s=round((done - s_last) / (now - t_last), 4),
+                             loss_tokens_per_s=round(tokens / (now - t_last), 2), time=time.time())
+                    t_last, s_last, tokens = now, done, 0
+                    if log:
+                        log.write(m)
+                    bar.set_postfix(loss=f"{m['loss']:.3f}", tau=f"{m.get('tau_estimate', 0):.2f}",
+                                    sps=f"{m['steps_per_s']:.2f}")
+                ckpt.save(done, state, data_iter)
+                bar.update()
+            finished = end == steps
+            if finished:
+                ckpt.save(steps, state, data_iter, force=True)
+        finally:
+            bar.close()
+            ckpt.close()
+            if log:
+                log.close()
+        summary = {"steps": end, "total_steps": steps, "finished": finished, "out_dir": str(out)}
+        if finished and is_main():
+            final = jax.device_get(state.params)
+            export_cfg = dcfg  # the drafter as configured (not the compute dtype of this run)
+            summary["drafter"] = str(save_drafter(export_cfg, final, out / "drafter"))
+            atomic_write_json(out / "drafter_config.json", drafter_config_to_dict(export_cfg))
+            try:
+                from carryover_jax.train.plots import plot_metrics
+
+                summary["plot"] = str(plot_metrics(out))
+            except Exception as e:  # a plot must never fail a finished run
+                summary["plot_error"] = str(e)
+    return summary
+
+
+def optimizer_lr(cfg: TrainConfig, steps: int, step: int) -> float:
+    from carryover_jax.train.step import lr_schedule
+
+    return float(lr_schedule(cfg, steps)(step))

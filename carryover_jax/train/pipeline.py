@@ -1,0 +1,96 @@
+"""grain input pipeline over a `ResponseStore`: fixed-length examples, shuffled per epoch, host-sharded,
+batched, with a checkpointable iterator state.
+
+Every step of the pipeline is index based (source -> shuffle -> slice -> repeat), so the iterator
+state is a position and `get_state()/set_state()` resume exactly; the trainer saves it through
+`grain.checkpoint.CheckpointSave`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grain
+import numpy as np
+
+from carryover_jax.config import DataConfig
+from carryover_jax.errors import CarryoverError
+from carryover_jax.train.store import BF16, ResponseStore
+
+
+class StoreSource:
+    """A grain `RandomAccessDataSource` over the committed records of a store that have at least
+    `min_loss_tokens` masked tokens within their first `max_len` tokens.
+
+    Records that truncation leaves with too few loss tokens are removed here, from the loss masks
+    alone, rather than with a `.filter` on loaded examples: no features are read for nothing, and every
+    host sees the same record count (a per-host filter could give hosts different numbers of batches).
+    """
+
+    def __init__(self, store: ResponseStore, *, max_len: int, min_loss_tokens: int, with_features: bool = False,
+                 multiple_of: int = 1):
+        if with_features and store.feature_dim is None:
+            raise CarryoverError(f"{store.path}: this response store has no target features (prepare it with store_features)")
+        self.store, self.max_len, self.with_features = store, max_len, with_features
+        keep = np.flatnonzero(store.loss_counts(max_len) >= max(min_loss_tokens, 1))
+        # Equal-length host shards: drop the last (len % multiple_of) records.
+        self.indices = keep[: len(keep) - len(keep) % multiple_of]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        rec = self.store.get(int(self.indices[index]), max_len=self.max_len, features=self.with_features)
+        n, S = len(rec["input_ids"]), self.max_len
+        out = {
+            "input_ids": np.zeros(S, np.int32),
+            "loss_mask": np.zeros(S, np.int32),  # right padding is never a label
+            "length": np.int32(n),
+        }
+        out["input_ids"][:n] = rec["input_ids"]
+        out["loss_mask"][:n] = rec["loss_mask"]
+        if self.with_features:
+            for name in ("features", "last_hidden"):
+                x = np.zeros((S, rec[name].shape[1]), BF16)
+                x[:n] = rec[name]
+                out[name] = x
+        return out
+
+    def __repr__(self) -> str:  # grain uses it to identify the source in checkpoints
+        return (f"StoreSource(path={str(self.store.path)!r}, records={len(self)}, max_len={self.max_len}, "
+                f"features={self.with_features})")
+
+
+def make_train_iter(
+    cfg: DataConfig,
+    store: ResponseStore,
+    *,
+    batch_size: int,
+    seed: int,
+    num_epochs: int | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+    with_features: bool = False,
+    read_threads: int = 4,
+) -> grain.DatasetIterator:
+    """Batches of {"input_ids" int32[B, S], "loss_mask" int32[B, S], "length" int32[B]} (+ "features"
+    bf16[B, S, F] and "last_hidden" bf16[B, S, d] with `with_features`), S = cfg.max_len.
+
+    Every host shuffles the same permutation (same seed; reshuffled each epoch by grain) and takes
+    records process_index, process_index + process_count, ... of it, so hosts never share a record.
+    `num_epochs=None` repeats forever. `batch_size` is per host."""
+    if not 0 <= process_index < process_count:
+        raise CarryoverError(f"process_index {process_index} outside [0, {process_count})")
+    src = StoreSource(store, max_len=cfg.max_len, min_loss_tokens=cfg.min_loss_tokens,
+                      with_features=with_features, multiple_of=process_count)
+    if len(src) < batch_size * process_count:
+        raise CarryoverError(
+            f"{store.path}: {len(src)} usable records (min_loss_tokens={cfg.min_loss_tokens} within max_len="
+            f"{cfg.max_len}) cannot fill one batch of {batch_size} on each of {process_count} hosts"
+        )
+    ds = grain.MapDataset.source(src).seed(seed).shuffle()
+    ds = ds[process_index::process_count]
+    ds = ds.repeat(num_epochs)
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=2 * batch_size))
+    # batch after to_iter_dataset (grain's recommended order; keeps later packing/filters possible)
+    return iter(it.batch(batch_size, drop_remainder=True))

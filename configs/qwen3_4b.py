@@ -1,0 +1,31 @@
+"""The paper's Qwen3-4B setting (carryover.md §5, DeepSpec configs): 5 draft layers, 15 proposals,
+feature layers [1, 9, 17, 25, 33], Markov rank 256, 512 anchors per response, max length 4096,
+global batch 512, lr 6e-4 with 4% warmup and cosine decay, 10 baseline epochs, bf16 compute.
+
+`target` must point at a local HF folder of Qwen/Qwen3-4B (nothing is downloaded). For the DFlash
+baseline use `--set drafter.kind=dflash` (CE only); for the z-lab layout `--set drafter.layout=zlab`.
+"""
+
+from carryover_jax.config import DataConfig, DrafterSpec, MeshConfig, TrainConfig
+
+CONFIG = TrainConfig(
+    name="qwen3_4b",
+    target="/models/Qwen3-4B",
+    drafter=DrafterSpec(kind="markov", layout="deepspec", num_proposals=15, num_layers=5,
+                        target_layer_ids=(1, 9, 17, 25, 33), mask_token_id=151669, markov_rank=256),
+    data=DataConfig(store="/data/carryover/qwen3_4b/responses", max_new_tokens=4096, max_prompt_tokens=2048,
+                    temperature=0.7, top_p=0.8, gen_batch_size=64, max_len=4096, min_loss_tokens=14,
+                    max_turns=8),
+    out_dir="/data/carryover/qwen3_4b/train",
+    batch_size=512,
+    num_anchors=512,
+    steps=0,
+    epochs=10,
+    lr=6e-4,
+    warmup_ratio=0.04,
+    compute_dtype="bfloat16",
+    remat=True,
+    mesh=MeshConfig(data=-1, fsdp=1, tensor=1, shard_drafter=False),
+    log_every=10,
+    save_every=3000,
+)
