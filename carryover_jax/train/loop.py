@@ -151,7 +151,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
                 ckpt.save(done, state, data_iter)
                 bar.update()
             finished = end == steps
-            if finished:
+            if finished and steps not in ckpt.steps():
                 ckpt.save(steps, state, data_iter, force=True)
         finally:
             bar.close()

@@ -30,7 +30,9 @@ class StoreSource:
     def __init__(self, store: ResponseStore, *, max_len: int, min_loss_tokens: int, with_features: bool = False,
                  multiple_of: int = 1):
         if with_features and store.feature_dim is None:
-            raise CarryoverError(f"{store.path}: this response store has no target features (prepare it with store_features)")
+            raise CarryoverError(
+                f"{store.path}: this response store has no target features (prepare it with store_features)"
+            )
         self.store, self.max_len, self.with_features = store, max_len, with_features
         keep = np.flatnonzero(store.loss_counts(max_len) >= max(min_loss_tokens, 1))
         # Equal-length host shards: drop the last (len % multiple_of) records.

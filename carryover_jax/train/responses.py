@@ -147,7 +147,8 @@ def _replay_batch(cfg: DataConfig, target, batch: list[tuple[Conversation, list[
             if turn:
                 stop = s.last_reply[-1] if s.last_reply and s.last_reply[-1] in stops else None
                 stop_text = tok.decode([stop], skip_special_tokens=False) if stop is not None else None
-                sep = tok(turn_separator(tok, s.history, s.users[turn], stop_text), add_special_tokens=False)["input_ids"]
+                text = turn_separator(tok, s.history, s.users[turn], stop_text)
+                sep = tok(text, add_special_tokens=False)["input_ids"]
                 if len(s.ids) + len(sep) > cfg.max_prompt_tokens:
                     s.active = False  # keep the turns so far; the next prompt would be too long
                     continue

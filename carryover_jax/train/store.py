@@ -72,6 +72,17 @@ def _jsonable(x: Any) -> Any:
     return json.loads(json.dumps(x))  # tuples -> lists etc., so stored and requested meta compare equal
 
 
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> {"a.b": leaf}, so a mismatch names the exact setting."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 class ResponseStore:
     """Committed records: `len(store)`, `store[i]` -> {"input_ids", "loss_mask"[, "features", "last_hidden"]}."""
 
@@ -92,8 +103,8 @@ class ResponseStore:
         if writable:
             # Whatever a killed writer left past the commit is garbage: drop it from the id files
             # (the arrays are simply overwritten from the committed end by the next append).
-            for name, size in (("ids.jsonl", self._commit["ids_bytes"]), ("skipped.jsonl", self._commit["skipped_bytes"])):
-                os.truncate(self.path / name, size)
+            os.truncate(self.path / "ids.jsonl", self._commit["ids_bytes"])
+            os.truncate(self.path / "skipped.jsonl", self._commit["skipped_bytes"])
 
     # ---- opening -----------------------------------------------------------------------------------
     @classmethod
@@ -126,10 +137,10 @@ class ResponseStore:
         for key in ("format", "version", "feature_dim", "hidden"):
             if store.info.get(key) != want[key]:
                 diffs.append(f"{key}: stored {store.info.get(key)!r}, requested {want[key]!r}")
-        have_meta = store.info.get("meta", {})
-        for key in sorted(set(have_meta) | set(want["meta"])):
-            if have_meta.get(key) != want["meta"].get(key):
-                diffs.append(f"{key}: stored {have_meta.get(key)!r:.120}, requested {want['meta'].get(key)!r:.120}")
+        have_meta, want_meta = _flatten(store.info.get("meta", {})), _flatten(want["meta"])
+        for key in sorted(set(have_meta) | set(want_meta)):
+            if have_meta.get(key) != want_meta.get(key):
+                diffs.append(f"{key}: stored {have_meta.get(key)!r:.120}, requested {want_meta.get(key)!r:.120}")
         if diffs:
             raise CarryoverError(
                 f"{path}: this response store was built with other settings ({'; '.join(diffs)}); "

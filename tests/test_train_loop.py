@@ -1,0 +1,90 @@
+"""The training loop: kill-and-resume exactness, corrupt-checkpoint fallback, outputs, feature store."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from carryover_jax.config import DataConfig, DrafterSpec, TrainConfig
+from carryover_jax.train.loop import train
+from carryover_jax.train.store import ResponseStore
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("store") / "responses"
+    st = ResponseStore.create_or_open(path, meta={"test": "synthetic"})
+    recs = []
+    for i in range(24):
+        n = int(rng.integers(12, 30))
+        ids = rng.integers(5, 97, n).astype(np.int32)
+        mask = np.zeros(n, np.uint8)
+        mask[int(rng.integers(2, 6)):] = 1
+        recs.append({"id": f"r{i}", "input_ids": ids, "loss_mask": mask})
+    st.append(recs)
+    st.commit()
+    return path
+
+
+def _cfg(tiny_llama, store, out, **kw):
+    base = dict(
+        target=str(tiny_llama.path),
+        drafter=DrafterSpec(kind="markov", layout="deepspec", num_proposals=3, num_layers=1, target_layer_ids=(0, 1),
+                            mask_token_id=4, markov_rank=4),
+        data=DataConfig(store=str(store), max_len=32, min_loss_tokens=2),
+        out_dir=str(out), batch_size=8, num_anchors=4, steps=8, log_every=1, save_every=2, keep_checkpoints=5,
+        async_checkpointing=False, lr=3e-3,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _losses(out):
+    return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_kill_and_resume_continue_exactly(tiny_llama, store, tmp_path):
+    full = train(_cfg(tiny_llama, store, tmp_path / "a"), progress=False)
+    assert full["finished"] and (tmp_path / "a" / "metrics.png").is_file()
+    want = _losses(tmp_path / "a")
+    assert sorted(want) == list(range(1, 9))
+
+    part = train(_cfg(tiny_llama, store, tmp_path / "b"), progress=False, stop_at_step=5)  # "killed" after step 5
+    assert not part["finished"]
+    train(_cfg(tiny_llama, store, tmp_path / "b"), progress=False)  # resumes from the step-4 checkpoint
+    got = _losses(tmp_path / "b")
+    assert sorted(got) == list(range(1, 9))  # step 5 was redone, not logged twice
+    for s in range(1, 9):
+        assert got[s] == pytest.approx(want[s], rel=1e-5, abs=1e-6), s
+
+    # the exported drafter loads and matches the final params
+    from carryover_jax import load_drafter
+
+    d = load_drafter(tmp_path / "a" / "drafter")
+    assert d.cfg.kind == "markov" and d.cfg.carryover
+
+
+def test_corrupt_checkpoint_falls_back_to_the_last_good_one(tiny_llama, store, tmp_path, capsys):
+    cfg = _cfg(tiny_llama, store, tmp_path / "c")
+    train(cfg, progress=False, stop_at_step=5)
+    ckpts = tmp_path / "c" / "checkpoints"
+    assert (ckpts / "4").is_dir()
+    for f in (ckpts / "4").rglob("*"):
+        if f.is_file() and f.stat().st_size > 0:
+            f.write_bytes(b"\0" * 7)  # corrupt every file of the newest checkpoint
+    out = train(cfg, progress=False)
+    assert out["finished"]
+    assert "checkpoint step 4" in capsys.readouterr().err
+    want = _losses(tmp_path / "c")
+    ref = train(_cfg(tiny_llama, store, tmp_path / "ref"), progress=False)
+    assert ref["finished"]
+    assert _losses(tmp_path / "ref")[8] == pytest.approx(want[8], rel=1e-5, abs=1e-6)
+
+
+def test_bad_store_is_a_clear_error(tiny_llama, tmp_path):
+    from carryover_jax import CarryoverError
+
+    with pytest.raises(CarryoverError):
+        train(_cfg(tiny_llama, tmp_path / "missing", tmp_path / "x"), progress=False)
