@@ -97,6 +97,13 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
         raise CarryoverError(f"response store {cfg.data.store} has no records: run `carryover prepare` first")
     target = load_target(cfg.target, tokenizer=cfg.init_from is None and cfg.drafter.mask_token_id is None)
     dcfg, params = build_drafter(cfg, target)
+    if cfg.features == "store":
+        stored = list(store.meta.get("feature_layer_ids") or [])
+        if stored != list(dcfg.target_layer_ids):
+            raise CarryoverError(
+                f"{cfg.data.store} stores features of target layers {stored or 'none'}, the drafter needs "
+                f"{list(dcfg.target_layer_ids)}: use features=online or re-prepare with those layers"
+            )
     sc = step_config(cfg, target.cfg, dcfg)
     steps = total_steps(cfg, len(store))
     optimizer = make_optimizer(cfg, steps)

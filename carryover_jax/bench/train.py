@@ -1,0 +1,107 @@
+"""`carryover bench train`: training steps/s with online vs stored target features (same config,
+same synthetic records, one run) and a per-device memory estimate for a paper-size config.
+
+Timings exclude the first step (compilation). The memory estimate uses `jax.eval_shape` for every
+parameter and optimizer tensor (nothing is allocated) plus the dominant activation: the drafter's
+dense training attention scores, B_local x heads x (N*T) x (S + N*T) float32 per layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
+
+
+def _synthetic_store(path: Path, target, cfg: TrainConfig, layer_ids, *, records: int, features: bool):
+    from carryover_jax.train.responses import target_features
+    from carryover_jax.train.store import ResponseStore
+
+    rng = np.random.default_rng(0)
+    s = cfg.data.max_len
+    seqs = [rng.integers(10, target.cfg.vocab_size, s).astype(np.int32).tolist() for _ in range(records)]
+    masks = [np.r_[np.zeros(s // 4, np.uint8), np.ones(s - s // 4, np.uint8)] for _ in range(records)]
+    kw = dict(feature_dim=len(layer_ids) * target.cfg.hidden_size, hidden=target.cfg.hidden_size) if features else {}
+    st = ResponseStore.create_or_open(path, meta={"feature_layer_ids": list(layer_ids) if features else []}, **kw)
+    recs = []
+    for i, (ids, m) in enumerate(zip(seqs, masks)):
+        r = {"id": str(i), "input_ids": ids, "loss_mask": m}
+        if features:
+            (f, h), = target_features(target, [ids], tuple(layer_ids))
+            r.update(features=f, last_hidden=h)
+        recs.append(r)
+    st.append(recs)
+    st.commit()
+    return path
+
+
+def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str, Any]:
+    from carryover_jax.loading import load_target
+    from carryover_jax.train.loop import build_drafter, train
+
+    target = load_target(cfg.target)
+    dcfg, _ = build_drafter(cfg, target)
+    records = cfg.batch_size * (steps + 1)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="carryover-bench-train-") as tmp:
+        tmp = Path(tmp)
+        for mode in ("online", "store"):
+            store = _synthetic_store(tmp / f"data-{mode}", target, cfg, dcfg.target_layer_ids, records=records,
+                                     features=mode == "store")
+            run_cfg = cfg.replace(
+                data=dataclasses.replace(cfg.data, store=str(store), min_loss_tokens=1), features=mode, steps=steps,
+                epochs=None, out_dir=str(tmp / f"run-{mode}"), log_every=1, save_every=10 ** 9,
+                async_checkpointing=False, drafter=dataclasses.replace(cfg.drafter, mask_token_id=dcfg.mask_token_id,
+                                                                       target_layer_ids=dcfg.target_layer_ids),
+            )
+            train(run_cfg, progress=progress)
+            recs = [json.loads(l) for l in (Path(run_cfg.out_dir) / "metrics.jsonl").read_text().splitlines()]
+            sps = float(np.median([r["steps_per_s"] for r in recs[1:]]))  # step 1 includes compilation
+            rows.append({"features": mode, "steps_per_s": round(sps, 3),
+                         "tokens_per_s": round(sps * cfg.batch_size * cfg.data.max_len, 1)})
+    rows[1]["speedup_vs_online"] = round(rows[1]["steps_per_s"] / rows[0]["steps_per_s"], 3)
+    return {"benchmark": "train", "config": cfg.name, "batch_size": cfg.batch_size, "max_len": cfg.data.max_len,
+            "num_anchors": cfg.num_anchors, "rows": rows}
+
+
+def _bytes(tree) -> int:
+    return int(sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
+
+
+def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterConfig, *, devices: int) -> dict:
+    """Per-device bytes for one training step of `cfg` on `devices` devices (data parallel unless the
+    mesh shards), from abstract shapes only."""
+    from carryover_jax.models.drafter import init_drafter_params
+    from carryover_jax.models.target import abstract_params
+    from carryover_jax.train.step import make_optimizer
+
+    tdt = "bfloat16" if cfg.compute_dtype == "bfloat16" else "float32"
+    tparams = abstract_params(target_cfg.replace(dtype=tdt, param_dtype=tdt))
+    dparams = jax.eval_shape(lambda: init_drafter_params(dcfg, jax.random.key(0)))
+    opt = jax.eval_shape(make_optimizer(cfg, 10).init, dparams)
+    model_shards = max(1, cfg.mesh.fsdp * cfg.mesh.tensor)
+    local_b = max(1, cfg.batch_size // devices)
+    s, n, t = cfg.data.max_len, cfg.num_anchors, dcfg.block_size
+    act_dt = 2 if cfg.compute_dtype == "bfloat16" else 4
+    attn = local_b * dcfg.backbone.num_heads * (n * t) * (s + n * t) * 4  # float32 scores, one layer live (remat)
+    feats = local_b * s * (len(dcfg.target_layer_ids) + 1) * target_cfg.hidden_size * act_dt
+    logits = 2 * local_b * n * dcfg.num_proposals * target_cfg.vocab_size * 4  # draft + aligned target
+    out = {
+        "devices": devices, "local_batch": local_b,
+        "target_params_gb": _bytes(tparams) / model_shards / 1e9,
+        "drafter_params_gb": _bytes(dparams) / (model_shards if cfg.mesh.shard_drafter else 1) / 1e9,
+        "optimizer_gb": _bytes(opt) / (model_shards if cfg.mesh.shard_drafter else 1) / 1e9,
+        "grads_gb": _bytes(dparams) / 1e9,
+        "features_gb": feats / 1e9, "attention_scores_per_layer_gb": attn / 1e9, "logits_gb": logits / 1e9,
+    }
+    out["total_gb"] = sum(v for k, v in out.items() if k.endswith("_gb"))
+    return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
