@@ -33,7 +33,7 @@ def main(spec_path: str) -> int:
         data=DataConfig(store=spec["store"], max_len=spec["max_len"], min_loss_tokens=2),
         out_dir=spec["out_dir"], batch_size=spec["batch_size"], num_anchors=spec["num_anchors"],
         steps=spec["steps"], log_every=1, save_every=100, keep_checkpoints=2, async_checkpointing=False,
-        lr=3e-3,
+        lr=3e-3, eps=spec.get("eps", 1e-8),
     )
     summary = train(cfg, progress=False)
     summary.update(process_index=jax.process_index(), process_count=jax.process_count(),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from carryover_jax import load_target
-from carryover_jax.models.target import TargetLM, new_cache
+from carryover_jax.models.target import new_cache
 from tests.hf_models import hf_forward
 
 ATOL = 1e-4

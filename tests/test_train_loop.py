@@ -1,31 +1,17 @@
 """The training loop: kill-and-resume exactness, corrupt-checkpoint fallback, outputs, feature store."""
 
 import json
-import shutil
 
-import numpy as np
 import pytest
 
 from carryover_jax.config import DataConfig, DrafterSpec, TrainConfig
 from carryover_jax.train.loop import train
-from carryover_jax.train.store import ResponseStore
+from tests.synthetic import synthetic_store
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    path = tmp_path_factory.mktemp("store") / "responses"
-    st = ResponseStore.create_or_open(path, meta={"test": "synthetic"})
-    recs = []
-    for i in range(24):
-        n = int(rng.integers(12, 30))
-        ids = rng.integers(5, 97, n).astype(np.int32)
-        mask = np.zeros(n, np.uint8)
-        mask[int(rng.integers(2, 6)):] = 1
-        recs.append({"id": f"r{i}", "input_ids": ids, "loss_mask": mask})
-    st.append(recs)
-    st.commit()
-    return path
+    return synthetic_store(tmp_path_factory.mktemp("store") / "responses")
 
 
 def _cfg(tiny_llama, store, out, **kw):

@@ -81,6 +81,26 @@ def plan_lengths(prompt_lens: Sequence[int], max_new: Sequence[int], max_len: in
     return bucket, cache_len
 
 
+def _request(target, prompts, max_new_tokens, temperature, stop_token_ids, chat):
+    """Validated per-prompt request values: (prompt ids, max_new, temperatures, stop ids)."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not prompts:
+        raise CarryoverError("no prompts")
+    ids = encode_prompts(target, prompts, chat)
+    n = len(ids)
+    max_new = [int(m) for m in _as_list(max_new_tokens, n, "max_new_tokens")]
+    temps = [float(t) for t in _as_list(temperature, n, "temperature")]
+    if min(max_new) < 1:
+        raise CarryoverError("max_new_tokens must be >= 1")
+    if min(temps) < 0:
+        raise CarryoverError("temperature must be >= 0")
+    stops = list(target.stop_token_ids if stop_token_ids is None else stop_token_ids)
+    if len(stops) > MAX_STOP_IDS:
+        raise CarryoverError(f"at most {MAX_STOP_IDS} stop token ids")
+    return ids, max_new, temps, stops
+
+
 def generate(
     target,
     prompts: Sequence[str | Sequence[int]],
@@ -99,23 +119,10 @@ def generate(
     `prompts` are strings (chat-templated when the tokenizer has a template and `chat`) or token-id
     lists. Greedy when temperature is 0. Per-prompt `max_new_tokens`/`temperature` may be lists.
     """
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if not prompts:
-        raise CarryoverError("no prompts")
     cfg, params = target.cfg, target.params
-    ids = encode_prompts(target, prompts, chat)
-    n = len(ids)
-    max_new = [int(m) for m in _as_list(max_new_tokens, n, "max_new_tokens")]
-    temps = [float(t) for t in _as_list(temperature, n, "temperature")]
-    if min(max_new) < 1:
-        raise CarryoverError("max_new_tokens must be >= 1")
-    if min(temps) < 0:
-        raise CarryoverError("temperature must be >= 0")
-    stops = list(target.stop_token_ids if stop_token_ids is None else stop_token_ids)
-    if len(stops) > MAX_STOP_IDS:
-        raise CarryoverError(f"at most {MAX_STOP_IDS} stop token ids")
+    ids, max_new, temps, stops = _request(target, prompts, max_new_tokens, temperature, stop_token_ids, chat)
     lens = [len(r) for r in ids]
+    n = len(ids)
     bucket, cache_len = plan_lengths(lens, max_new, max_len, cfg.max_position_embeddings)
     out_len = next_bucket(max(max_new), minimum=1)
 
@@ -182,22 +189,9 @@ def speculative_generate(
     dcfg, dparams = (drafter.cfg, drafter.params) if hasattr(drafter, "cfg") else drafter
     if carryover and not dcfg.carryover:
         raise CarryoverError("this drafter has no Carryover embedding; load it with carryover=True or pass carryover=False")
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if not prompts:
-        raise CarryoverError("no prompts")
     check_pair(dcfg, target.cfg)
-    ids = encode_prompts(target, prompts, chat)
+    ids, max_new, temps, stops = _request(target, prompts, max_new_tokens, temperature, stop_token_ids, chat)
     n = len(ids)
-    max_new = [int(m) for m in _as_list(max_new_tokens, n, "max_new_tokens")]
-    temps = [float(t) for t in _as_list(temperature, n, "temperature")]
-    if min(max_new) < 1:
-        raise CarryoverError("max_new_tokens must be >= 1")
-    if min(temps) < 0:
-        raise CarryoverError("temperature must be >= 0")
-    stops = list(target.stop_token_ids if stop_token_ids is None else stop_token_ids)
-    if len(stops) > MAX_STOP_IDS:
-        raise CarryoverError(f"at most {MAX_STOP_IDS} stop token ids")
     P = dcfg.num_proposals
     lens = [len(r) for r in ids]
     # a verify chunk writes P+1 slots past the committed length, and the drafter cache appends P+1 rows

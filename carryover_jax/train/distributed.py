@@ -28,7 +28,13 @@ def maybe_initialize() -> bool:
             process_id=int(env["CARRYOVER_PROCESS_ID"]),
         )
     elif int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env:
-        jax.distributed.initialize()
+        kw = {}
+        # JAX's SLURM detection gives each process only the GPU numbered SLURM_LOCALID; with one task
+        # per node (our sbatch script) the process must own all of the node's GPUs.
+        gpus = (env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_GPUS_PER_NODE") or "").split(":")[-1]
+        if env.get("SLURM_NTASKS_PER_NODE", "1") == "1" and gpus.isdigit():
+            kw["local_device_ids"] = list(range(int(gpus)))
+        jax.distributed.initialize(**kw)
     else:
         return False
     _initialized = True

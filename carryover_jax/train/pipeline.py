@@ -63,6 +63,28 @@ class StoreSource:
                 f"features={self.with_features})")
 
 
+class HostBlocks(grain.MapDataset):
+    """Host p's share of every global batch: the contiguous rows p*b .. p*b+b-1 of each block of
+    B = b * process_count consecutive (shuffled) records. `make_array_from_process_local_data` then
+    stacks the hosts' rows in the same order one process would read them, so the global batch — and
+    every per-row random draw of the step (anchors) — is identical for any number of processes."""
+
+    def __init__(self, parent: grain.MapDataset, local_batch: int, process_index: int, process_count: int):
+        super().__init__(parent)
+        self._b, self._p, self._B = local_batch, process_index, local_batch * process_count
+
+    def __len__(self) -> int:
+        return (len(self._parent) // self._B) * self._b
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._parent[(index // self._b) * self._B + self._p * self._b + index % self._b]
+
+    def __str__(self) -> str:
+        return f"HostBlocks(local_batch={self._b}, process={self._p}, global_batch={self._B})"
+
+
 def make_train_iter(
     cfg: DataConfig,
     store: ResponseStore,
@@ -78,8 +100,9 @@ def make_train_iter(
     """Batches of {"input_ids" int32[B, S], "loss_mask" int32[B, S], "length" int32[B]} (+ "features"
     bf16[B, S, F] and "last_hidden" bf16[B, S, d] with `with_features`), S = cfg.max_len.
 
-    Every host shuffles the same permutation (same seed; reshuffled each epoch by grain) and takes
-    records process_index, process_index + process_count, ... of it, so hosts never share a record.
+    Every host shuffles the same permutation (same seed; reshuffled each epoch by grain) and takes its
+    contiguous share of each global batch (`HostBlocks`), so hosts never share a record and the global
+    batch equals the single-process one.
     `num_epochs=None` repeats forever. `batch_size` is per host."""
     if not 0 <= process_index < process_count:
         raise CarryoverError(f"process_index {process_index} outside [0, {process_count})")
@@ -90,9 +113,9 @@ def make_train_iter(
             f"{store.path}: {len(src)} usable records (min_loss_tokens={cfg.min_loss_tokens} within max_len="
             f"{cfg.max_len}) cannot fill one batch of {batch_size} on each of {process_count} hosts"
         )
-    ds = grain.MapDataset.source(src).seed(seed).shuffle()
-    ds = ds[process_index::process_count]
-    ds = ds.repeat(num_epochs)
+    ds = grain.MapDataset.source(src).seed(seed).shuffle().repeat(num_epochs)
+    if process_count > 1:
+        ds = HostBlocks(ds, batch_size, process_index, process_count)
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=2 * batch_size))
     # batch after to_iter_dataset (grain's recommended order; keeps later packing/filters possible)
     return iter(it.batch(batch_size, drop_remainder=True))

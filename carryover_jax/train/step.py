@@ -12,7 +12,6 @@ import functools
 import math
 from typing import Any
 
-import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -20,7 +19,7 @@ import optax
 
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
 from carryover_jax.models.drafter import Drafter, frozen_from_target, init_drafter_params, logits_from_hidden
-from carryover_jax.models.target import TargetLM, abstract_params
+from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
 from carryover_jax.train.objectives import drafter_losses
 from carryover_jax.train.sharding import batch_sharding, replicated, shardings_from_boxed, unbox_plain

@@ -29,7 +29,7 @@ from safetensors.numpy import save_file
 from carryover_jax.config import DrafterConfig, TargetConfig
 from carryover_jax.errors import CheckpointError, ConfigError
 from carryover_jax.io import atomic_dir
-from carryover_jax.weights.hf import SafetensorsReader, flatten, load_params
+from carryover_jax.weights.hf import flatten, load_params
 
 FORMATS = ("native", "zlab", "deepspec")
 CARRYOVER_FILE = "carryover.safetensors"
