@@ -179,3 +179,42 @@ def test_sampling_is_lossless(tmp_path_factory):
     exp_ = exp_ * obs.sum() / exp_.sum()
     assert chisquare(obs, exp_).pvalue > 1e-3
     assert stats["tau"] > 1.2  # drafts are accepted often enough to exercise the acceptance path
+
+
+@pytest.fixture(scope="module")
+def trained_drafter(tiny_llama):
+    """A Markov drafter trained for a few seconds on the tiny target's own greedy continuations."""
+    from carryover_jax.config import TrainConfig
+    from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
+
+    target = load_target(tiny_llama.path, tokenizer=False)
+    cfg, _ = _drafter(target, "markov", "deepspec", proposals=4)
+    prompts = _prompts(11, tuple([6] * 16))
+    outs = generate(target, prompts, max_new_tokens=26, stop_token_ids=[])
+    ids = np.array([p + o.token_ids for p, o in zip(prompts, outs)], np.int32)
+    mask = np.zeros_like(ids)
+    mask[:, 6:] = 1
+    tcfg = TrainConfig(num_anchors=16, steps=150, lr=1e-2, warmup_ratio=0.05)
+    sc = step_config(tcfg, target.cfg, cfg)
+    opt = make_optimizer(tcfg, tcfg.steps)
+    state = init_state(init_drafter_params(cfg, jax.random.key(0)), opt, 0)
+    step = jax.jit(train_step, static_argnums=(0, 1), donate_argnums=(2,))
+    for i in range(tcfg.steps):
+        rows = np.arange(8) + 8 * (i % 2)
+        state, m = step(sc, opt, state, target.params, {"input_ids": ids[rows], "loss_mask": mask[rows]})
+    return target, (cfg, jax.device_get(state.params)), prompts
+
+
+@pytest.mark.parametrize("carryover", [True, False])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_trained_drafter_is_lossless_and_accepts(trained_drafter, carryover, batch):
+    target, drafter, train_prompts = trained_drafter
+    prompts = train_prompts[:batch]  # in-distribution: the point is long accepted prefixes
+    max_new = [30, 9, 24, 30][:batch]
+    free = generate(target, prompts, max_new_tokens=max_new, stop_token_ids=[])
+    stop = free[0].token_ids[17]
+    ref = generate(target, prompts, max_new_tokens=max_new, stop_token_ids=[stop])
+    out, stats = speculative_generate(target, drafter, prompts, max_new_tokens=max_new, stop_token_ids=[stop],
+                                      carryover=carryover)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+    assert stats["tau"] > 1.5  # the trained drafter's proposals really are accepted
