@@ -136,3 +136,23 @@ def test_sharded_step_equals_unsharded():
         assert any(any(a is not None for a in spec) for spec in sharded)  # something really is sharded
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4),
                            ref.params, st.params)
+
+
+def test_remat_and_bf16_compute():
+    """remat recomputes activations without changing the step; bf16 compute keeps float32 master params
+    and stays close to the float32 loss."""
+    dc = _drafter_cfg("markov", "deepspec")
+    tp = init_params(TCFG, jax.random.key(0))
+    batch = _counting_batch(np.random.default_rng(2), 4, 16)
+    out = {}
+    for name, kw in {"f32": {}, "remat": {"remat": True}, "bf16": {"compute_dtype": "bfloat16"}}.items():
+        cfg = TrainConfig(num_anchors=6, steps=2, **kw)
+        sc = step_config(cfg, TCFG, dc)
+        opt = make_optimizer(cfg, cfg.steps)
+        state = init_state(init_drafter_params(dc, jax.random.key(1)), opt, 3)
+        out[name] = jax.jit(train_step, static_argnums=(0, 1))(sc, opt, state, tp, batch)
+    (s32, m32), (sr, mr), (sb, mb) = out["f32"], out["remat"], out["bf16"]
+    np.testing.assert_allclose(float(mr["loss"]), float(m32["loss"]), rtol=1e-6)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), s32.params, sr.params)
+    assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(sb.params))
+    assert abs(float(mb["loss"]) - float(m32["loss"])) < 0.05 * float(m32["loss"])
