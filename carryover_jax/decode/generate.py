@@ -177,7 +177,7 @@ def speculative_generate(
     max_len: int | None = None,
     stepwise: bool = False,
 ) -> tuple[list[Generation], dict[str, Any]]:
-    """Speculative decoding of `prompts` with `drafter` = (DrafterConfig, params) or a `Drafter` bundle.
+    """Speculative decoding of `prompts` with `drafter` = a `DraftModel` (load_drafter / init_drafter) or a (DrafterConfig, params) pair.
 
     Returns per-prompt `Generation`s and run stats: `tau` (committed tokens per verification round,
     micro-averaged), `rounds`, tokens/s and, with `stepwise=True` (a host-driven round loop instead of
