@@ -218,3 +218,16 @@ def test_bad_input_errors(tmp_path):
     with pytest.raises(CheckpointError, match="zlab format, not deepspec"):
         load_drafter(folder, fmt="deepspec")
     assert not (tmp_path / "x").exists()  # a refused export leaves nothing behind
+
+
+@pytest.mark.parametrize("variant", ["markov-deepspec", "dflash-zlab"])
+def test_greedy_fast_path_equals_temperature_zero(variant):
+    cfg, params = tiny_drafter(*VARIANTS[variant])
+    logits = jnp.asarray(np.random.default_rng(4).standard_normal((B, cfg.num_proposals, TINY_TARGET.vocab_size)),
+                         jnp.float32)
+    anchor = jnp.asarray([3, 8], jnp.int32)
+    slow = sequential_proposals(cfg, params, logits, anchor, jax.random.key(0), jnp.zeros((B,)))
+    fast = sequential_proposals(cfg, params, logits, anchor, jax.random.key(0), jnp.zeros((B,)), sampling=False)
+    np.testing.assert_array_equal(np.asarray(slow[0]), np.asarray(fast[0]))
+    np.testing.assert_allclose(np.asarray(slow[2]), np.asarray(fast[2]), atol=1e-6)
+    assert fast[1] is None

@@ -107,8 +107,8 @@ def _draft(sc: SpecConfig, target_params, draft_params, s: SpecState):
     logits = D.draft_block_logits(sc.drafter, draft_params, frozen, s.draft_cache, s.anchor, *carried)
     rng, sub = jax.random.split(s.rng)
     toks, q, _ = D.sequential_proposals(sc.drafter, draft_params, logits, s.anchor, sub, s.temperature,
-                                        sc.top_k, sc.top_p)
-    return toks, (q if sc.sampling else None), s.replace(rng=rng)
+                                        sc.top_k, sc.top_p, sampling=sc.sampling)
+    return toks, q, s.replace(rng=rng)
 
 
 draft_step = jax.jit(_draft, static_argnames=("sc",))

@@ -265,13 +265,27 @@ def teacher_forced_logits(cfg: DrafterConfig, params, backbone_logits: Array, an
 
 
 def sequential_proposals(cfg: DrafterConfig, params, backbone_logits: Array, anchor: Array, rng: Array,
-                         temperature: Array, top_k: int = 0, top_p: float = 1.0):
+                         temperature: Array, top_k: int = 0, top_p: float = 1.0, *, sampling: bool = True):
     """Turn backbone logits [B, P, V] into proposals [B, P] and the draft distributions q [B, P, V]
     used by lossless verification. DFlash: slots are independent. Markov: sequential over slots, each
-    slot's bias from the token chosen at the previous slot (the anchor for the first)."""
+    slot's bias from the token chosen at the previous slot (the anchor for the first).
+
+    `sampling=False` (static: every row greedy) takes argmaxes and returns q = None: no softmax or
+    random draws over the vocabulary."""
     from carryover_jax.decode.sampling import probs, sample
 
     b, p, _ = backbone_logits.shape
+    if not sampling:
+        if not cfg.markov_rank:
+            return jnp.argmax(backbone_logits, -1).astype(jnp.int32), None, backbone_logits
+
+        def greedy(prev, lg):
+            lg = lg + markov_bias(cfg, params, prev[:, None])[:, 0]
+            tok = jnp.argmax(lg, -1).astype(jnp.int32)
+            return tok, (tok, lg)
+
+        _, (toks, corrected) = jax.lax.scan(greedy, anchor.astype(jnp.int32), jnp.swapaxes(backbone_logits, 0, 1))
+        return jnp.swapaxes(toks, 0, 1), None, jnp.swapaxes(corrected, 0, 1)
     keys = jax.random.split(rng, p)
     if not cfg.markov_rank:
         q = probs(backbone_logits, temperature[:, None], top_k, top_p)
