@@ -173,6 +173,21 @@ def _cmd_bench(args) -> int:
         print(decode.format_table(result))
         _write_result(result, args.out)
         return 0
+    if args.what == "steps":
+        from carryover_jax.bench import steps as bench_steps
+        from carryover_jax.config import preset
+
+        tcfg = preset(args.preset)
+        over = {"dtype": args.dtype or "bfloat16", "param_dtype": args.dtype or "bfloat16"}
+        if args.layers:
+            over["num_layers"] = args.layers
+        result = bench_steps.run(tcfg.replace(**over), kind=args.kind, layout=args.layout,
+                                 proposals=args.proposals, draft_layers=args.draft_layers, batch=args.batch,
+                                 context=args.context, train_batch=args.train_batch, train_len=args.train_len,
+                                 anchors=args.anchors)
+        print(bench_steps.format_table(result))
+        _write_result(result, args.out)
+        return 0
     if args.what == "train":
         from carryover_jax.bench import train as bench_train
         from carryover_jax.config import DrafterConfig, apply_overrides, preset
@@ -258,14 +273,25 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=_cmd_plot)
 
     b = sub.add_parser("bench", help="benchmarks that print ratios measured side by side in one run")
-    b.add_argument("what", choices=["ar", "decode", "train"])
+    b.add_argument("what", choices=["ar", "decode", "train", "steps"])
+    b.add_argument("--preset", default="qwen3-4b", help="bench steps: target shape preset (random weights)")
+    b.add_argument("--layers", type=int, default=None, help="bench steps: cut the target to N layers (CPU)")
+    b.add_argument("--kind", choices=["dflash", "markov"], default="dflash")
+    b.add_argument("--layout", choices=["zlab", "deepspec"], default="zlab")
+    b.add_argument("--proposals", type=int, default=15)
+    b.add_argument("--draft-layers", type=int, default=5)
+    b.add_argument("--batch", type=int, default=1)
+    b.add_argument("--context", type=int, default=512)
+    b.add_argument("--train-batch", type=int, default=1)
+    b.add_argument("--train-len", type=int, default=1024)
+    b.add_argument("--anchors", type=int, default=64)
     b.add_argument("--config", default="smollm2", help="bench train: config name or path")
     b.add_argument("--set", action="append", metavar="KEY=VALUE", help="bench train: config overrides")
     b.add_argument("--steps", type=int, default=6, help="bench train: timed steps per mode")
     b.add_argument("--devices", type=int, default=64, help="bench train: devices for the Qwen3-4B memory estimate")
     b.add_argument("--drafter", help="bench decode: drafter folder (default: an untrained random drafter)")
     b.add_argument("--prompts", type=int, default=4, help="bench decode: prompts decoded one by one")
-    _add_target_args(b)
+    _add_target_args(b)  # --dtype also sets bench steps' dtype (default bfloat16)
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--repeats", type=int, default=1)

@@ -1,0 +1,141 @@
+"""`carryover bench steps`: per-step times at real model shapes with random weights — the device check.
+
+No checkpoint is needed: params are drawn from the abstract shapes of a preset (Qwen3-4B, ...), so the
+same command runs on a GPU/TPU at full size or on a CPU with `--layers` cut down. Measured in one run:
+target AR step (T=1), verification (T=P+1), drafting, a full speculative round, and one baseline
+training step; printed as milliseconds and as ratios to the AR step. `round / AR` is the break-even
+acceptance length: a drafter beats AR decoding on this device when its τ exceeds it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig, next_bucket
+
+
+def random_params(abstract, seed: int = 0, scale: float = 0.02):
+    leaves, treedef = jax.tree_util.tree_flatten(abstract)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    out = [(jax.random.normal(k, x.shape, jnp.float32) * scale).astype(x.dtype) for k, x in zip(keys, leaves)]
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _median_ms(fn, n: int) -> float:
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        ts.append(time.perf_counter() - t)
+    return 1e3 * float(np.median(ts))
+
+
+def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab", proposals: int = 15,
+        draft_layers: int = 5, batch: int = 1, context: int = 512, train_batch: int = 1, train_len: int = 1024,
+        anchors: int = 64, repeats: int = 10) -> dict[str, Any]:
+    from carryover_jax.decode import autoregressive as ar
+    from carryover_jax.decode import speculative as sp
+    from carryover_jax.models.drafter import init_drafter_params
+    from carryover_jax.models.target import abstract_params
+    from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
+
+    tcfg = target_cfg
+    dcfg = DrafterConfig.for_target(tcfg, kind=kind, layout=layout, num_proposals=proposals, num_layers=draft_layers,
+                                    mask_token_id=0, target_layer_ids=_layer_ids(tcfg.num_layers))
+    tp = random_params(abstract_params(tcfg))
+    dp = jax.tree_util.tree_map(lambda x: x.astype(tcfg.param_dtype), init_drafter_params(dcfg, jax.random.key(1)))
+    dcfg = dcfg.replace(backbone=dcfg.backbone.replace(dtype=tcfg.dtype, param_dtype=tcfg.param_dtype))
+    rng = np.random.default_rng(0)
+    prompt = jnp.asarray(rng.integers(10, tcfg.vocab_size, (batch, context)), jnp.int32)
+    lens = jnp.full((batch,), context, jnp.int32)
+    max_len = next_bucket(context + 4 * (proposals + 1) * (repeats + 4))
+    sc = sp.SpecConfig(target=tcfg, drafter=dcfg, carryover=True)
+    out: dict[str, Any] = {"target": _describe(tcfg), "drafter": f"{kind}/{layout}, {proposals} proposals, "
+                           f"{draft_layers} layers", "batch": batch, "context": context, "device": str(jax.devices()[0])}
+
+    # AR step
+    cache, logits = ar.prefill(tcfg, tp, prompt, lens, max_len=max_len)
+    tok = jnp.argmax(logits, -1).astype(jnp.int32)
+    state = {"cache": cache}
+
+    def ar_step():
+        lg, state["cache"] = ar.step(tcfg, tp, state["cache"].with_lengths(lens + 0), tok)  # a fresh array: the cache is donated
+        return lg
+
+    ar_step()
+    out["ar_step_ms"] = _median_ms(ar_step, repeats)
+
+    # draft / verify / round (lengths reset each time so the context stays at `context`)
+    s0 = sp.prefill(sc, tp, dp, prompt, lens, jnp.full((batch,), 10 ** 6, jnp.int32), jnp.zeros((batch,)),
+                    jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=max_len, out_len=1024, max_rounds=8)
+    box = {"s": s0}
+
+    def reset(s):
+        return s.replace(target_cache=s.target_cache.with_lengths(lens + 0), draft_cache=s.draft_cache.with_lengths(lens + 0),
+                         out_len=jnp.ones_like(s.out_len), rounds=jnp.zeros_like(s.rounds))
+
+    def draft():
+        toks, q, box["s"] = sp.draft_step(sc, tp, dp, reset(box["s"]))
+        box["toks"], box["q"] = toks, q
+        return toks
+
+    def verify():
+        box["s"] = sp.verify_step(sc, tp, dp, reset(box["s"]), box["toks"], box["q"])
+        return box["s"].out_len
+
+    def round_():
+        draft()
+        return verify()
+
+    round_()
+    out["draft_ms"] = _median_ms(draft, repeats)
+    out["verify_ms"] = _median_ms(verify, repeats)
+    out["round_ms"] = _median_ms(round_, repeats)
+
+    # one baseline training step (online target features)
+    cfg = TrainConfig(num_anchors=anchors, steps=10, compute_dtype=tcfg.dtype, remat=True)
+    stc = step_config(cfg, tcfg, dcfg)
+    opt = make_optimizer(cfg, 10)
+    st = init_state(init_drafter_params(stc.drafter, jax.random.key(2)), opt, 0)
+    batch_ = {"input_ids": jnp.asarray(rng.integers(10, tcfg.vocab_size, (train_batch, train_len)), jnp.int32),
+              "loss_mask": jnp.ones((train_batch, train_len), jnp.int32)}
+    step = jax.jit(train_step, static_argnums=(0, 1))
+    t = time.perf_counter()
+    jax.block_until_ready(step(stc, opt, st, tp, batch_)[1]["loss"])
+    out["train_compile_s"] = round(time.perf_counter() - t, 2)
+    out["train_step_ms"] = _median_ms(lambda: step(stc, opt, st, tp, batch_)[1]["loss"], max(3, repeats // 3))
+    out["train_shape"] = f"{train_batch} x {train_len} tokens, {anchors} anchors"
+    ar_ms = out["ar_step_ms"]
+    out.update(verify_over_ar=round(out["verify_ms"] / ar_ms, 3), draft_over_ar=round(out["draft_ms"] / ar_ms, 3),
+               break_even_tau=round(out["round_ms"] / ar_ms, 3))
+    return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def _layer_ids(n: int) -> tuple[int, ...]:
+    from carryover_jax.config import zlab_layer_ids
+
+    if n >= 6:
+        return zlab_layer_ids(n)
+    return tuple(range(max(1, n - 1)))  # cut-down CPU runs: every layer but the last
+
+
+def _describe(c: TargetConfig) -> str:
+    return (f"{c.family} {c.num_layers} layers, d={c.hidden_size}, heads {c.num_heads}/{c.num_kv_heads}, "
+            f"V={c.vocab_size}, {c.dtype}")
+
+
+def format_table(r: dict[str, Any]) -> str:
+    rows = [("target AR step (T=1)", r["ar_step_ms"], 1.0), ("drafting", r["draft_ms"], r["draft_over_ar"]),
+            ("verification (T=P+1)", r["verify_ms"], r["verify_over_ar"]),
+            ("speculative round", r["round_ms"], r["break_even_tau"]),
+            (f"train step ({r['train_shape']})", r["train_step_ms"], r["train_step_ms"] / r["ar_step_ms"])]
+    lines = [f"{r['target']} | drafter {r['drafter']} | batch {r['batch']}, context {r['context']} | {r['device']}",
+             "| step | ms | / AR step |", "|---|---|---|"]
+    lines += [f"| {name} | {ms:.2f} | {ratio:.2f}x |" for name, ms, ratio in rows]
+    lines.append(f"\nbreak-even tau (round / AR step): {r['break_even_tau']}")
+    return "\n".join(lines)
