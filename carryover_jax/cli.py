@@ -23,22 +23,12 @@ def _cmd_generate(args) -> int:
 
     prompts = list(args.prompt or [])
     if args.prompts_file:
-        path = Path(args.prompts_file)
-        if not path.is_file():
-            raise CarryoverError(f"no such prompts file: {path}")
-        for i, line in enumerate(path.read_text().splitlines()):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                raise CarryoverError(f"{path}:{i + 1} is not JSON") from None
-            if isinstance(rec, dict) and "messages" in rec:
-                prompts.append(rec["messages"])
-            elif isinstance(rec, dict) and "prompt" in rec:
-                prompts.append(rec["prompt"])
-            else:
-                raise CarryoverError(f'{path}:{i + 1}: expected {{"prompt": ...}} or {{"messages": [...]}}')
+        from carryover_jax.train.sources import iter_jsonl
+
+        for conv in iter_jsonl(args.prompts_file):  # {"prompt": ...} or {"messages": [...]} per line
+            first_user = next(i for i, m in enumerate(conv.messages) if m["role"] == "user")
+            msgs = conv.messages[: first_user + 1]
+            prompts.append(msgs[0]["content"] if args.no_chat and len(msgs) == 1 else msgs)
     if not prompts:
         raise CarryoverError("give at least one --prompt or a --prompts-file")
     target = load_target(args.target, dtype=args.dtype)
