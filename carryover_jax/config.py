@@ -402,6 +402,7 @@ class TrainConfig:
     l1_weight: float | None = None  # None: 0.0 (dflash) / 0.9 (markov)
     compute_dtype: str = "float32"  # "bfloat16" on accelerators; params stay float32
     remat: bool = False
+    loss_chunk_rows: int = 0  # >0: draft/target vocabulary logits computed for this many rows at a time
     mesh: MeshConfig = MeshConfig()
     # bookkeeping
     seed: int = 42

@@ -25,6 +25,7 @@ CONFIG = TrainConfig(
     warmup_ratio=0.04,
     compute_dtype="bfloat16",
     remat=True,
+    loss_chunk_rows=2048,  # 8 x 512 x 15 supervised rows per device: vocabulary logits 2048 rows at a time
     mesh=MeshConfig(data=-1, fsdp=1, tensor=1, shard_drafter=False),
     log_every=10,
     save_every=3000,

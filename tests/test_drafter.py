@@ -231,3 +231,20 @@ def test_greedy_fast_path_equals_temperature_zero(variant):
     np.testing.assert_array_equal(np.asarray(slow[0]), np.asarray(fast[0]))
     np.testing.assert_allclose(np.asarray(slow[2]), np.asarray(fast[2]), atol=1e-6)
     assert fast[1] is None
+
+
+def test_blockwise_block_attention_equals_the_dense_block_mask():
+    """Training's block-diagonal segment (an int group size) == a dense [T, T] block-diagonal mask."""
+    cfg, params = tiny_drafter("markov", "deepspec")
+    frozen = tiny_frozen()
+    rng = np.random.default_rng(7)
+    n, t = 3, cfg.block_size
+    tokens = jnp.asarray(rng.integers(5, 97, (B, n * t)), jnp.int32)
+    positions = jnp.asarray(rng.integers(0, 30, (B, n * t)), jnp.int32)
+    feats = jnp.asarray(rng.standard_normal((B, S, cfg.feature_dim)), jnp.float32)
+    fmask = jnp.asarray(rng.random((B, n * t, S)) < 0.6)
+    dense = np.kron(np.eye(n, dtype=bool), np.ones((t, t), bool))[None].repeat(B, 0)
+    args = (tokens, positions, frozen, feats, jnp.broadcast_to(jnp.arange(S)[None], (B, S)), fmask)
+    a = Drafter(cfg).apply({"params": params}, *args, block_mask=jnp.asarray(dense))
+    b = Drafter(cfg).apply({"params": params}, *args, block_mask=t)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)

@@ -2,8 +2,9 @@
 same synthetic records, one run) and a per-device memory estimate for a paper-size config.
 
 Timings exclude the first step (compilation). The memory estimate uses `jax.eval_shape` for every
-parameter and optimizer tensor (nothing is allocated) plus the dominant activation: the drafter's
-dense training attention scores, B_local x heads x (N*T) x (S + N*T) float32 per layer.
+parameter and optimizer tensor (nothing is allocated) plus the dominant activations: the drafter's
+training attention scores, B_local x heads x (N*T) x (S + T) float32 per layer (the block part is
+block-diagonal), and the draft + aligned target logits over the full vocabulary.
 """
 
 from __future__ import annotations
@@ -92,9 +93,13 @@ def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
     local_b = max(1, cfg.batch_size // devices)
     s, n, t = cfg.data.max_len, cfg.num_anchors, dcfg.block_size
     act_dt = 2 if cfg.compute_dtype == "bfloat16" else 4
-    attn = local_b * dcfg.backbone.num_heads * (n * t) * (s + n * t) * 4  # float32 scores, one layer live (remat)
+    # float32 scores of one layer (remat keeps one live): context [N*T, S] + block-diagonal [N*T, T]
+    attn = local_b * dcfg.backbone.num_heads * (n * t) * (s + t) * 4
     feats = local_b * s * (len(dcfg.target_layer_ids) + 1) * target_cfg.hidden_size * act_dt
-    logits = 2 * local_b * n * dcfg.num_proposals * target_cfg.vocab_size * 4  # draft + aligned target
+    rows = local_b * n * dcfg.num_proposals
+    if cfg.loss_chunk_rows:
+        rows = min(rows, cfg.loss_chunk_rows)
+    logits = 2 * rows * target_cfg.vocab_size * 4  # draft + aligned target, float32
     out = {
         "devices": devices, "local_batch": local_b,
         "target_params_gb": _bytes(tparams) / model_shards / 1e9,

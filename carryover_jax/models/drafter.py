@@ -41,7 +41,9 @@ class DraftLayers(nn.Module):
         `rows` = ((C, positions, mask), ...) fused rows projected in every layer."""
         ks, vs = [], []
         # remat recomputes each layer's activations in the backward pass (long training sequences)
-        layer_cls = nn.remat(DecoderLayer, methods=["with_context"]) if self.remat else DecoderLayer
+        # (block_mask, argument 4 counting self, is static there: training passes the int block size)
+        layer_cls = (nn.remat(DecoderLayer, methods=["with_context"], static_argnums=(4,)) if self.remat
+                     else DecoderLayer)
         for i in range(self.cfg.backbone.num_layers):
             layer = layer_cls(self.cfg.backbone, name=str(i))
             if project_only:
@@ -113,7 +115,9 @@ class Drafter(nn.Module):
 
     # -- block -------------------------------------------------------------------------------------
     def block_hidden(self, tokens, positions, frozen, *, cached=None, rows=(), block_mask=None):
-        """Block tokens [B, T] at positions [B, T] -> final-normed hidden [B, T, d]."""
+        """Block tokens [B, T] at positions [B, T] -> final-normed hidden [B, T, d]. `block_mask`:
+        None = the block attends to all of itself; [B, T, T] bool; or an int G = T/G independent blocks
+        of G slots (training: each block sees only itself, without a [T, T] mask)."""
         h = jnp.take(frozen["embed"], tokens, axis=0).astype(dtype_of(self.cfg.backbone.dtype))
         if block_mask is None:
             b, t = tokens.shape

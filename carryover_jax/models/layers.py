@@ -88,7 +88,9 @@ def attention_core(q: Array, segments, scale: float) -> Array:
     """Grouped-query attention over one or more key/value segments with explicit boolean masks.
 
     q: [B, T, H, D]; segments: sequence of (k [B, S_i, Hkv, D], v [B, S_i, Hkv, D], mask [B, T, S_i]),
-    True = may attend. Returns [B, T, H, D].
+    True = may attend. Returns [B, T, H, D]. A segment whose mask is an int G is block-diagonal: keys
+    are aligned with the queries (S_i == T) and query i sees exactly the keys of its own group of G
+    (i // G) — training's N blocks of a sequence, computed as [T, G] scores instead of a [T, T] mask.
 
     Segments are merged flash-style (per-segment max, sum and output, rescaled to the joint max)
     instead of concatenating K/V: the drafter attends over [context cache ; carried ; block] without
@@ -101,6 +103,9 @@ def attention_core(q: Array, segments, scale: float) -> Array:
     qg = q.reshape(b, t, hkv, h // hkv, d)
     parts = []
     for k, v, mask in segments:
+        if isinstance(mask, int):
+            parts.append(_blockwise_part(qg, k, v, mask, scale))
+            continue
         m4 = mask[:, None, None, :, :]
         s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
         s = jnp.where(m4, s, NEG_INF)
@@ -118,6 +123,21 @@ def attention_core(q: Array, segments, scale: float) -> Array:
         out = out + o_i * w
     out = out / jnp.maximum(denom, 1e-30)
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, d).astype(q.dtype)
+
+
+def _blockwise_part(qg: Array, k: Array, v: Array, group: int, scale: float):
+    """Per-group full attention of a block-diagonal segment; returns (max, sum, out) shaped like the
+    dense path's so the segments merge unchanged."""
+    b, t, hkv, g, d = qg.shape
+    n = t // group
+    qb = qg.reshape(b, n, group, hkv, g, d)
+    kb, vb = k.reshape(b, n, group, hkv, d), v.reshape(b, n, group, hkv, d)
+    s = jnp.einsum("bntkgd,bnskd->bkgnts", qb, kb, preferred_element_type=jnp.float32) * scale
+    mx = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.exp(s - mx)
+    o = jnp.einsum("bkgnts,bnskd->bkgntd", p.astype(v.dtype), vb, preferred_element_type=jnp.float32)
+    flat = lambda x: x.reshape(b, hkv, g, t, x.shape[-1])  # noqa: E731
+    return flat(mx), flat(jnp.sum(p, axis=-1, keepdims=True)), flat(o)
 
 
 class Attention(nn.Module):

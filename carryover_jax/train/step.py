@@ -21,7 +21,7 @@ from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
 from carryover_jax.models.drafter import Drafter, frozen_from_target, init_drafter_params, logits_from_hidden
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
-from carryover_jax.train.objectives import drafter_losses
+from carryover_jax.train.objectives import combine, row_terms
 from carryover_jax.train.sharding import batch_sharding, replicated, shardings_from_boxed, unbox_plain
 
 Array = jax.Array
@@ -46,6 +46,7 @@ class StepConfig:
     ce_weight: float
     l1_weight: float
     remat: bool = False
+    loss_chunk: int = 0  # rows per vocabulary-logits chunk (0 = all at once)
 
 
 def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: DrafterConfig) -> StepConfig:
@@ -55,6 +56,7 @@ def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: Drafter
         target=target_cfg.replace(dtype=dt),
         drafter=drafter_cfg.replace(backbone=drafter_cfg.backbone.replace(dtype=dt, param_dtype="float32")),
         num_anchors=cfg.num_anchors, gamma=cfg.loss_decay_gamma, ce_weight=ce, l1_weight=l1, remat=cfg.remat,
+        loss_chunk=cfg.loss_chunk_rows,
     )
 
 
@@ -105,19 +107,34 @@ def loss_fn(params, sc: StepConfig, target_params, batch, rng):
     h = Drafter(dc, remat=sc.remat).apply(
         {"params": params}, blk.tokens, blk.positions, frozen, feats.astype(jnp.dtype(dc.backbone.dtype)),
         jnp.broadcast_to(jnp.arange(s)[None], (b, s)), A.context_mask(blk, t, s),
-        block_mask=A.block_mask(blk, t), return_hidden=True,
+        block_mask=t, return_hidden=True,  # block-diagonal: each of the N blocks sees only itself
     )
-    h = h.reshape(b, n, t, -1)[:, :, A.proposal_slots(dc)]  # [B, N, P, d]
-    z = logits_from_hidden(h.reshape(b, n * p, -1), frozen).reshape(b, n, p, -1)
-    if dc.markov_rank:
-        prev = jnp.concatenate([blk.tokens.reshape(b, n, t)[:, :, :1], blk.labels[..., :-1]], axis=-1)
-        z = z + Drafter(dc).apply({"params": params}, prev, method=Drafter.markov_bias)
+    h = h.reshape(b, n, t, -1)[:, :, A.proposal_slots(dc)].reshape(b * n * p, -1)  # one row per proposal
     # the target's next-token distribution at each proposal's prediction point (label position - 1)
     pred_at = jnp.clip(blk.label_idx - 1, 0, s - 1).reshape(b, n * p)
-    th = jnp.take_along_axis(last, pred_at[..., None], axis=1)
-    zt = TargetLM(sc.target).apply({"params": target_params}, th, method=TargetLM.head).reshape(b, n, p, -1)
-    loss, metrics = drafter_losses(z, jax.lax.stop_gradient(zt), blk.labels, blk.eval_mask, gamma=sc.gamma,
-                                   ce_weight=sc.ce_weight, l1_weight=sc.l1_weight)
+    th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n * p, -1)
+    labels = blk.labels.reshape(-1)
+    prev = jnp.concatenate([blk.tokens.reshape(b, n, t)[:, :, :1], blk.labels[..., :-1]], axis=-1).reshape(-1)
+
+    def terms(hc, thc, lc, pc):
+        z = logits_from_hidden(hc[None], frozen)[0]
+        if dc.markov_rank:  # teacher-forced transition bias from the previous ground-truth token
+            z = z + Drafter(dc).apply({"params": params}, pc, method=Drafter.markov_bias)
+        zt = TargetLM(sc.target).apply({"params": target_params}, thc, method=TargetLM.head)
+        return row_terms(z, jax.lax.stop_gradient(zt), lc)
+
+    rows = (h, th, labels, prev)
+    r, c = b * n * p, sc.loss_chunk
+    if c and r > c:
+        # vocabulary-sized logits exist for one chunk of rows at a time, forward and backward
+        pad = (-r) % c
+        chunked = [jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape(-1, c, *x.shape[1:]) for x in rows]
+        out = jax.lax.map(jax.checkpoint(lambda xs: terms(*xs)), tuple(chunked))
+        out = [x.reshape(-1)[:r] for x in out]
+    else:
+        out = terms(*rows)
+    loss, metrics = combine(*[x.reshape(b, n, p) for x in out], blk.eval_mask, gamma=sc.gamma,
+                            ce_weight=sc.ce_weight, l1_weight=sc.l1_weight)
     metrics["anchors_per_seq"] = jnp.mean(jnp.sum(keep, axis=1).astype(jnp.float32))
     metrics["valid_anchor_ratio"] = jnp.mean(jnp.minimum(nvalid, n) / jnp.maximum(nvalid, 1))
     return loss, metrics
