@@ -82,3 +82,12 @@ def test_prompt_longer_than_cache_is_one_clear_error(tiny_llama):
         generate(target, [[5, 6]], max_new_tokens=0)
     with pytest.raises(CarryoverError, match="no tokenizer"):
         generate(target, ["text needs a tokenizer"])
+
+
+def test_user_cache_shorter_than_the_prompt_bucket(tiny_llama):
+    """max_len between the prompt and its power-of-two bucket: prefill uses the cache length."""
+    target = load_target(tiny_llama.path, tokenizer=False)
+    prompt = _prompts(5, (17,))
+    ref = generate(target, prompt, max_new_tokens=5, stop_token_ids=[])
+    out = generate(target, prompt, max_new_tokens=5, stop_token_ids=[], max_len=24)  # bucket would be 32
+    assert out[0].token_ids == ref[0].token_ids

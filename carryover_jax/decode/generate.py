@@ -78,7 +78,8 @@ def plan_lengths(prompt_lens: Sequence[int], max_new: Sequence[int], max_len: in
                 f"prompt {i} has {p} tokens; with max_new_tokens={m} it needs {p + m} cache slots "
                 f"but the cache holds {cache_len}"
             )
-    return bucket, cache_len
+    # a user-given cache may be shorter than the power-of-two bucket: prefill then uses the cache length
+    return min(bucket, cache_len), cache_len
 
 
 def _request(target, prompts, max_new_tokens, temperature, stop_token_ids, chat):

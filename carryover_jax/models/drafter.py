@@ -107,7 +107,8 @@ class Drafter(nn.Module):
         """Rejected verify features -> carried rows: fused like context, marked with e_rej."""
         if not self.cfg.carryover:
             raise ConfigError("this drafter was built without Carryover (carryover=False)")
-        return self.fuse(features) + self.e_rej.astype(features.dtype)
+        fused = self.fuse(features)
+        return fused + self.e_rej.astype(fused.dtype)
 
     def project(self, rows: Array, positions: Array):
         """Fused rows -> per-layer (ks, vs), for the committed-context cache."""
