@@ -41,7 +41,7 @@ def _cmd_generate(args) -> int:
         # a drafter released without e_rej gets a zero one: Carryover's initialisation
         drafter = load_drafter(args.drafter, target=target, dtype=args.dtype, carryover=not args.no_carryover)
         results, run_stats = speculative_generate(target, drafter, prompts, carryover=not args.no_carryover,
-                                                  stepwise=args.stepwise, **kw)
+                                                  stepwise=args.stepwise, greedy_drafts=args.greedy_drafts, **kw)
         print(f"[speculative: tau {run_stats['tau']}, {run_stats['rounds']} rounds, "
               f"{run_stats['tokens_per_s']} tok/s, carryover {'on' if not args.no_carryover else 'off'}]",
               file=sys.stderr)
@@ -219,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     g.add_argument("--drafter", help="drafter folder (native, z-lab or DeepSpec format): speculative decoding")
     g.add_argument("--no-carryover", action="store_true", help="plain drafter: do not carry rejected states")
+    g.add_argument("--greedy-drafts", action="store_true",
+                   help="draft by argmax at any temperature (z-lab's reference loop); still lossless")
     g.add_argument("--stepwise", action="store_true",
                    help="host-driven rounds (reports draft/verify time split) instead of one while_loop")
     g.set_defaults(func=_cmd_generate)

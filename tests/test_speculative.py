@@ -139,16 +139,18 @@ def test_rounds_compile_once(tiny_llama):
     assert sizes[0] == sizes[1]
 
 
-def test_sampling_is_lossless(tmp_path_factory):
+@pytest.mark.parametrize("greedy_drafts", [False, True])
+def test_sampling_is_lossless(tmp_path_factory, greedy_drafts):
     """T = 1 on a tiny-vocabulary target: the distribution of the first three generated tokens from
-    speculative decoding matches the exact target distribution (chi-square, fixed seed)."""
+    speculative decoding matches the exact target distribution (chi-square, fixed seed), with drafts
+    sampled at T (DeepSpec) or taken by argmax (z-lab's point-mass drafts)."""
     import itertools
 
     from scipy.stats import chisquare
 
     from tests.hf_models import tiny_hf_model
 
-    tiny = tiny_hf_model("llama", tmp_path_factory.mktemp("v8"), seed=3, vocab_size=8, bos_token_id=1,
+    tiny = tiny_hf_model("llama", tmp_path_factory.mktemp(f"v8{greedy_drafts}"), seed=3, vocab_size=8, bos_token_id=1,
                          eos_token_id=2, pad_token_id=0)
     target = load_target(tiny.path, tokenizer=False)
     V = 8
@@ -167,7 +169,7 @@ def test_sampling_is_lossless(tmp_path_factory):
     drafter = (cfg, init_drafter_params(cfg, jax.random.key(1)))
     n = 3000
     out, stats = speculative_generate(target, drafter, [prompt] * n, max_new_tokens=3, temperature=1.0,
-                                      stop_token_ids=[], seed=11)
+                                      stop_token_ids=[], seed=11, greedy_drafts=greedy_drafts)
     idx = np.array([r.token_ids[0] * V * V + r.token_ids[1] * V + r.token_ids[2] for r in out])
     counts = np.bincount(idx, minlength=V ** 3)
     # pool cells with small expectation so the chi-square approximation holds
@@ -178,7 +180,7 @@ def test_sampling_is_lossless(tmp_path_factory):
     exp_ = n * np.append(exact[keep], exact[small].sum())
     exp_ = exp_ * obs.sum() / exp_.sum()
     assert chisquare(obs, exp_).pvalue > 1e-3
-    assert stats["tau"] > 1.2  # drafts are accepted often enough to exercise the acceptance path
+    assert stats["tau"] > 1.05  # drafts are accepted often enough to exercise the acceptance path
 
 
 @pytest.fixture(scope="module")

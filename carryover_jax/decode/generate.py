@@ -177,12 +177,14 @@ def speculative_generate(
     chat: bool = True,
     max_len: int | None = None,
     stepwise: bool = False,
+    greedy_drafts: bool = False,
 ) -> tuple[list[Generation], dict[str, Any]]:
     """Speculative decoding of `prompts` with `drafter` = a `DraftModel` (load_drafter / init_drafter) or a (DrafterConfig, params) pair.
 
     Returns per-prompt `Generation`s and run stats: `tau` (committed tokens per verification round,
     micro-averaged), `rounds`, tokens/s and, with `stepwise=True` (a host-driven round loop instead of
-    one `lax.while_loop`), the time split between drafting and verification.
+    one `lax.while_loop`), the time split between drafting and verification. `greedy_drafts` drafts by
+    argmax at any temperature (z-lab's reference loop), still lossless.
     """
     from carryover_jax.decode import speculative as sp
     from carryover_jax.models.drafter import check_pair
@@ -199,7 +201,7 @@ def speculative_generate(
     bucket, cache_len = plan_lengths(lens, [m + P + 1 for m in max_new], max_len, target.cfg.max_position_embeddings)
     out_len = next_bucket(max(max_new), minimum=1)
     sc = sp.SpecConfig(target=target.cfg, drafter=dcfg, carryover=carryover, sampling=max(temps) > 0,
-                       top_k=top_k, top_p=top_p)
+                       top_k=top_k, top_p=top_p, greedy_drafts=greedy_drafts)
     tp = target.params
     t0 = time.perf_counter()
     state = sp.prefill(

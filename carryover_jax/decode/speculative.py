@@ -40,6 +40,9 @@ class SpecConfig:
     sampling: bool = False  # False: every row greedy, no draft distributions are materialised
     top_k: int = 0
     top_p: float = 1.0
+    # z-lab's reference loop drafts greedily at any temperature; verification stays lossless because
+    # q is then a point mass. Off: drafts are sampled at the target's temperature (DeepSpec).
+    greedy_drafts: bool = False
 
     @property
     def P(self) -> int:
@@ -106,7 +109,8 @@ def _draft(sc: SpecConfig, target_params, draft_params, s: SpecState):
     carried = (s.carried, s.rejected_count) if sc.carryover else (None, None)
     logits = D.draft_block_logits(sc.drafter, draft_params, frozen, s.draft_cache, s.anchor, *carried)
     rng, sub = jax.random.split(s.rng)
-    toks, q, _ = D.sequential_proposals(sc.drafter, draft_params, logits, s.anchor, sub, s.temperature,
+    temperature = jnp.zeros_like(s.temperature) if sc.greedy_drafts else s.temperature
+    toks, q, _ = D.sequential_proposals(sc.drafter, draft_params, logits, s.anchor, sub, temperature,
                                         sc.top_k, sc.top_p, sampling=sc.sampling)
     return toks, q, s.replace(rng=rng)
 
