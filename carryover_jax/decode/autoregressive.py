@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from carryover_jax.config import TargetConfig
-from carryover_jax.decode.sampling import sample
+from carryover_jax.decode.sampling import is_stop, sample
 from carryover_jax.models.cache import KVCache
 from carryover_jax.models.target import TargetLM, new_cache
 
@@ -50,11 +50,6 @@ class ARState:
     done: Array  # [B]
     last: Array  # [B] token to feed next
     rng: Array
-    steps: Array  # scalar: forward passes after prefill
-
-
-def _is_stop(tok: Array, stop_ids: Array) -> Array:
-    return jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
 
 
 def start_state(first_logits, cache, *, rng, temperature, max_new, stop_ids, out_len: int, top_k=0, top_p=1.0):
@@ -63,8 +58,8 @@ def start_state(first_logits, cache, *, rng, temperature, max_new, stop_ids, out
     b = tok.shape[0]
     out = jnp.zeros((b, out_len), jnp.int32).at[:, 0].set(tok)
     num = jnp.ones((b,), jnp.int32)
-    done = _is_stop(tok, stop_ids) | (num >= max_new)
-    return ARState(cache, out, num, done, tok, rng, jnp.zeros((), jnp.int32))
+    done = is_stop(tok, stop_ids) | (num >= max_new)
+    return ARState(cache, out, num, done, tok, rng)
 
 
 def ar_body(cfg: TargetConfig, params, s: ARState, *, temperature, max_new, stop_ids, top_k=0, top_p=1.0) -> ARState:
@@ -77,9 +72,9 @@ def ar_body(cfg: TargetConfig, params, s: ARState, *, temperature, max_new, stop
     write = jnp.where(active, tok, s.out[jnp.arange(tok.shape[0]), idx])
     out = s.out.at[jnp.arange(tok.shape[0]), idx].set(write)
     num = s.num + active.astype(jnp.int32)
-    done = s.done | (active & (_is_stop(tok, stop_ids) | (num >= max_new)))
+    done = s.done | (active & (is_stop(tok, stop_ids) | (num >= max_new)))
     last = jnp.where(active, tok, s.last)
-    return ARState(cache, out, num, done, last, rng, s.steps + 1)
+    return ARState(cache, out, num, done, last, rng)
 
 
 @functools.partial(

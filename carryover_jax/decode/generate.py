@@ -82,6 +82,18 @@ def plan_lengths(prompt_lens: Sequence[int], max_new: Sequence[int], max_len: in
     return min(bucket, cache_len), cache_len
 
 
+def _stop_array(stops: list[int]):
+    return jnp.asarray(stops + [-1] * (MAX_STOP_IDS - len(stops)), jnp.int32)
+
+
+def _generation(target, prompt_ids: list[int], row, count: int, stops: list[int], stats: dict) -> Generation:
+    """One row of a device output buffer -> a Generation (ids, text, why it stopped)."""
+    toks = [int(t) for t in row[:count]]
+    reason = "stop_token" if toks and toks[-1] in stops else "length"
+    text = target.decode(toks) if getattr(target, "tokenizer", None) is not None else None
+    return Generation(prompt_ids, toks, text, reason, {"new_tokens": len(toks), **stats})
+
+
 def _request(target, prompts, max_new_tokens, temperature, stop_token_ids, chat):
     """Validated per-prompt request values: (prompt ids, max_new, temperatures, stop ids)."""
     if isinstance(prompts, str):
@@ -135,31 +147,23 @@ def generate(
     t1 = time.perf_counter()
     state = ar.generate_loop(
         cfg, params, cache, first_logits, jax.random.key(seed), jnp.asarray(temps, jnp.float32),
-        jnp.asarray(max_new, jnp.int32), jnp.asarray(stops + [-1] * (MAX_STOP_IDS - len(stops)), jnp.int32),
-        out_len=out_len, top_k=top_k, top_p=top_p,
+        jnp.asarray(max_new, jnp.int32), _stop_array(stops), out_len=out_len, top_k=top_k, top_p=top_p,
     )
     out, num = jax.device_get((state.out, state.num))
     t2 = time.perf_counter()
     total_new = int(np.sum(num))
     # Timings of a call that had to compile include XLA compile time; say so instead of hiding it.
     includes_compile = _compiled_count() != compiled_before
-    results = []
-    for i in range(n):
-        toks = [int(t) for t in out[i, : num[i]]]
-        reason = "stop_token" if toks and toks[-1] in stops else "length"
-        text = target.decode(toks) if getattr(target, "tokenizer", None) is not None else None
-        results.append(Generation(ids[i], toks, text, reason, {
-            "new_tokens": len(toks),
-            "prefill_s": round(t1 - t0, 4),
-            "decode_s": round(t2 - t1, 4),
-            "time_s": round(t2 - t0, 4),
-            # per-sequence rate of this batched call: all rows share the wall clock
-            "tokens_per_s": round(len(toks) / max(t2 - t0, 1e-9), 2),
-            "batch_tokens_per_s": round(total_new / max(t2 - t0, 1e-9), 2),
-            "batch": n,
-            "includes_compile": includes_compile,
-        }))
-    return results
+    return [_generation(target, ids[i], out[i], num[i], stops, {
+        "prefill_s": round(t1 - t0, 4),
+        "decode_s": round(t2 - t1, 4),
+        "time_s": round(t2 - t0, 4),
+        # per-sequence rate of this batched call: all rows share the wall clock
+        "tokens_per_s": round(int(num[i]) / max(t2 - t0, 1e-9), 2),
+        "batch_tokens_per_s": round(total_new / max(t2 - t0, 1e-9), 2),
+        "batch": n,
+        "includes_compile": includes_compile,
+    }) for i in range(n)]
 
 
 def speculative_generate(
@@ -207,7 +211,7 @@ def speculative_generate(
     state = sp.prefill(
         sc, tp, dparams, jnp.asarray(pad_batch(ids, bucket)), jnp.asarray(lens, jnp.int32),
         jnp.asarray(max_new, jnp.int32), jnp.asarray(temps, jnp.float32),
-        jnp.asarray(stops + [-1] * (MAX_STOP_IDS - len(stops)), jnp.int32), jax.random.key(seed),
+        _stop_array(stops), jax.random.key(seed),
         max_len=cache_len, out_len=out_len, max_rounds=out_len,
     )
     jax.block_until_ready(state.out)
@@ -227,17 +231,11 @@ def speculative_generate(
         state = sp.generate_loop(sc, tp, dparams, state)
     out, out_len_, rounds, accepted = jax.device_get((state.out, state.out_len, state.rounds, state.accepted))
     t2 = time.perf_counter()
-    results = []
-    for i in range(n):
-        toks = [int(t) for t in out[i, : out_len_[i]]]
-        reason = "stop_token" if toks and toks[-1] in stops else "length"
-        acc = [int(a) for a in accepted[i, : rounds[i]]]
-        text = target.decode(toks) if getattr(target, "tokenizer", None) is not None else None
-        results.append(Generation(ids[i], toks, text, reason, {
-            "new_tokens": len(toks), "rounds": int(rounds[i]),
-            "tau": round((len(toks) - 1) / max(int(rounds[i]), 1), 4), "accepted_per_round": acc,
-            "time_s": round(t2 - t0, 4), "tokens_per_s": round(len(toks) / max(t2 - t0, 1e-9), 2),
-        }))
+    results = [_generation(target, ids[i], out[i], out_len_[i], stops, {
+        "rounds": int(rounds[i]), "tau": round((int(out_len_[i]) - 1) / max(int(rounds[i]), 1), 4),
+        "accepted_per_round": [int(a) for a in accepted[i, : rounds[i]]], "time_s": round(t2 - t0, 4),
+        "tokens_per_s": round(int(out_len_[i]) / max(t2 - t0, 1e-9), 2), "batch": n,
+    }) for i in range(n)]
     total_tokens = int(np.sum(out_len_))
     total_rounds = int(np.sum(rounds))
     stats = {
@@ -249,6 +247,4 @@ def speculative_generate(
     if stepwise:
         stats.update(draft_s=round(draft_s, 4), verify_s=round(verify_s, 4),
                      draft_fraction=round(draft_s / max(draft_s + verify_s, 1e-9), 4))
-    for r in results:
-        r.stats["batch"] = n
     return results, stats

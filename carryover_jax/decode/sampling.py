@@ -38,6 +38,11 @@ def probs(logits: Array, temperature: Array, top_k: int = 0, top_p: float = 1.0)
     return jnp.where((temperature > 0)[..., None], p, greedy)
 
 
+def is_stop(tokens: Array, stop_ids: Array) -> Array:
+    """tokens [...] -> bool [...]: the token is one of `stop_ids` (a fixed-size array padded with -1)."""
+    return jnp.any(tokens[..., None] == stop_ids, axis=-1)
+
+
 def sample(rng: Array, logits: Array, temperature: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
     """logits [B, V], temperature [B] -> tokens [B] int32 (argmax where temperature == 0)."""
     greedy = jnp.argmax(logits, axis=-1)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from carryover_jax.config import DrafterConfig, TargetConfig
-from carryover_jax.decode.sampling import probs, sample
+from carryover_jax.decode.sampling import is_stop, probs, sample
 from carryover_jax.models import drafter as D
 from carryover_jax.models.cache import KVCache
 from carryover_jax.models.target import TargetLM, new_cache
@@ -67,14 +67,6 @@ class SpecState:
     accepted: Array  # [B, R] accepted drafts per round (-1 = no round)
 
 
-def _is_stop(tok, stop_ids):
-    return jnp.any(tok[..., None] == stop_ids, axis=-1)
-
-
-def _frozen(target_params, cfg: TargetConfig):
-    return D.frozen_from_target(target_params, cfg)
-
-
 @functools.partial(jax.jit, static_argnames=("sc", "max_len", "out_len", "max_rounds"))
 def prefill(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens, max_new, temperature, stop_ids, rng,
             *, max_len: int, out_len: int, max_rounds: int) -> SpecState:
@@ -98,14 +90,14 @@ def prefill(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens, ma
         target_cache=cache, draft_cache=dcache,
         carried=jnp.zeros((b, sc.P, sc.drafter.feature_dim), feats.dtype),
         rejected_count=jnp.zeros((b,), jnp.int32), anchor=first, out=out, out_len=out_len_,
-        done=_is_stop(first, stop_ids) | (out_len_ >= max_new), max_new=max_new, temperature=temperature,
+        done=is_stop(first, stop_ids) | (out_len_ >= max_new), max_new=max_new, temperature=temperature,
         stop_ids=stop_ids, rng=rng, rounds=jnp.zeros((b,), jnp.int32),
         accepted=jnp.full((b, max_rounds), -1, jnp.int32),
     )
 
 
 def _draft(sc: SpecConfig, target_params, draft_params, s: SpecState):
-    frozen = _frozen(target_params, sc.target)
+    frozen = D.frozen_from_target(target_params, sc.target)
     carried = (s.carried, s.rejected_count) if sc.carryover else (None, None)
     logits = D.draft_block_logits(sc.drafter, draft_params, frozen, s.draft_cache, s.anchor, *carried)
     rng, sub = jax.random.split(s.rng)
@@ -163,7 +155,7 @@ def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals
     j = jnp.arange(P + 1)[None, :]
     seq = jnp.where(j < a[:, None], jnp.pad(proposals, ((0, 0), (0, 1))), y[:, None])
     n = a + 1
-    stop_here = _is_stop(seq, s.stop_ids) & (j < n[:, None])
+    stop_here = is_stop(seq, s.stop_ids) & (j < n[:, None])
     hit_stop = jnp.any(stop_here, axis=1)
     n = jnp.where(hit_stop, jnp.argmax(stop_here, axis=1) + 1, n)
     n = jnp.minimum(n, s.max_new - s.out_len)

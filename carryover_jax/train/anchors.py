@@ -86,15 +86,6 @@ def context_mask(blocks: Blocks, block_size: int, seq_len: int) -> Array:
     return (jnp.arange(seq_len)[None, None, :] < a[:, :, None]) & k[:, :, None]
 
 
-def block_mask(blocks: Blocks, block_size: int) -> Array:
-    """[B, N*T, N*T]: each block attends to all of itself and to no other block."""
-    b, n = blocks.anchors.shape
-    blk = jnp.arange(n * block_size) // block_size
-    same = blk[:, None] == blk[None, :]
-    k = jnp.repeat(blocks.keep, block_size, axis=1)
-    return same[None] & k[:, :, None]
-
-
 def proposal_slots(cfg: DrafterConfig) -> Array:
     """Block slot index of each proposal (zlab: 1..B-1, deepspec: 0..B-1)."""
     off = 1 if cfg.layout == "zlab" else 0

@@ -19,7 +19,8 @@ from carryover_jax.train.checkpoint import Checkpointer, abstract_like
 from carryover_jax.train.distributed import is_main, maybe_initialize
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
 from carryover_jax.train.step import (
-    compile_step, drafter_shardings, init_state, make_optimizer, state_shardings, step_config, target_shardings,
+    compile_step, drafter_shardings, init_state, lr_schedule, make_optimizer, state_shardings, step_config,
+    target_shardings,
 )
 
 BATCH_KEYS = ("input_ids", "loss_mask", "features", "last_hidden")
@@ -107,6 +108,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
     sc = step_config(cfg, target.cfg, dcfg)
     steps = total_steps(cfg, len(store))
     optimizer = make_optimizer(cfg, steps)
+    schedule = lr_schedule(cfg, steps)  # for logging
     if cfg.batch_size % jax.process_count():
         raise CarryoverError(f"batch_size {cfg.batch_size} does not split over {jax.process_count()} processes")
     local_batch = cfg.batch_size // jax.process_count()
@@ -147,7 +149,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
                 if done % cfg.log_every == 0 or done == steps:
                     m = _host_metrics(metrics)
                     now = time.perf_counter()
-                    m.update(step=done, lr=float(optimizer_lr(cfg, steps, step)),
+                    m.update(step=done, lr=float(schedule(step)),
                              steps_per_s=round((done - s_last) / (now - t_last), 4),
                              loss_tokens_per_s=round(tokens / (now - t_last), 2), time=time.time())
                     t_last, s_last, tokens = now, done, 0
@@ -179,8 +181,3 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
                 summary["plot_error"] = str(e)
     return summary
 
-
-def optimizer_lr(cfg: TrainConfig, steps: int, step: int) -> float:
-    from carryover_jax.train.step import lr_schedule
-
-    return float(lr_schedule(cfg, steps)(step))

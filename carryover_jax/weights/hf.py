@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
+from flax import traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -24,22 +25,9 @@ Params = Any
 _LEAF_TO_HF = {"kernel": "weight", "embedding": "weight", "weight": "weight", "bias": "bias"}
 
 
-def flatten(tree: Mapping, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    for k, v in tree.items():
-        if isinstance(v, Mapping):
-            yield from flatten(v, prefix + (str(k),))
-        else:
-            yield prefix + (str(k),), v
-
-
-def unflatten(items: Mapping[tuple[str, ...], Any]) -> dict:
-    out: dict = {}
-    for path, v in items.items():
-        d = out
-        for k in path[:-1]:
-            d = d.setdefault(k, {})
-        d[path[-1]] = v
-    return out
+def flatten(tree: Mapping) -> list[tuple[tuple[str, ...], Any]]:
+    """(path, leaf) pairs of a nested param dict (paths of str keys)."""
+    return list(traverse_util.flatten_dict(tree).items())
 
 
 def target_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
@@ -132,7 +120,7 @@ def load_params(
             out[path] = jax.device_put(arr, sh) if sh is not None else jax.device_put(arr)
     finally:
         reader.close()
-    return unflatten(out)
+    return traverse_util.unflatten_dict(out)
 
 
 def save_params(
