@@ -11,6 +11,7 @@ import math
 from typing import Callable
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -88,9 +89,9 @@ def attention_core(q: Array, segments, scale: float) -> Array:
     """Grouped-query attention over one or more key/value segments with explicit boolean masks.
 
     q: [B, T, H, D]; segments: sequence of (k [B, S_i, Hkv, D], v [B, S_i, Hkv, D], mask [B, T, S_i]),
-    True = may attend. Returns [B, T, H, D]. A segment whose mask is an int G is block-diagonal: keys
-    are aligned with the queries (S_i == T) and query i sees exactly the keys of its own group of G
-    (i // G) — training's N blocks of a sequence, computed as [T, G] scores instead of a [T, T] mask.
+    True = may attend. Returns [B, T, H, D]. A segment whose mask is a `Blockwise` is block-diagonal
+    (computed per block, [T, S/N] scores instead of a [T, S] mask); an int G is shorthand for
+    `Blockwise(T // G)` with keys aligned to the queries — training's N blocks of a sequence.
 
     Segments are merged flash-style (per-segment max, sum and output, rescaled to the joint max)
     instead of concatenating K/V: the drafter attends over [context cache ; carried ; block] without
@@ -104,6 +105,8 @@ def attention_core(q: Array, segments, scale: float) -> Array:
     parts = []
     for k, v, mask in segments:
         if isinstance(mask, int):
+            mask = Blockwise(t // mask)
+        if isinstance(mask, Blockwise):
             parts.append(_blockwise_part(qg, k, v, mask, scale))
             continue
         m4 = mask[:, None, None, :, :]
@@ -125,16 +128,41 @@ def attention_core(q: Array, segments, scale: float) -> Array:
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, d).astype(q.dtype)
 
 
-def _blockwise_part(qg: Array, k: Array, v: Array, group: int, scale: float):
-    """Per-group full attention of a block-diagonal segment; returns (max, sum, out) shaped like the
+@flax.struct.dataclass
+class Blockwise:
+    """A block-diagonal segment mask that never exists as a dense [T, S] array: queries and keys are
+    split into `num_blocks` equal consecutive groups and query group n sees only key group n.
+    `causal` (equal group sizes): query i of a group sees keys 0..i of its group (target verification
+    of N draft blocks at once). `key_valid` [B, S]: only these keys are visible (carried rows of
+    each block, valid below its rejected count)."""
+
+    num_blocks: int = flax.struct.field(pytree_node=False)
+    causal: bool = flax.struct.field(pytree_node=False, default=False)
+    key_valid: Array | None = None
+
+
+def _blockwise_part(qg: Array, k: Array, v: Array, spec: Blockwise, scale: float):
+    """Per-group attention of a block-diagonal segment; returns (max, sum, out) shaped like the
     dense path's so the segments merge unchanged."""
     b, t, hkv, g, d = qg.shape
-    n = t // group
-    qb = qg.reshape(b, n, group, hkv, g, d)
-    kb, vb = k.reshape(b, n, group, hkv, d), v.reshape(b, n, group, hkv, d)
+    n = spec.num_blocks
+    gq, gk = t // n, k.shape[1] // n
+    qb = qg.reshape(b, n, gq, hkv, g, d)
+    kb, vb = k.reshape(b, n, gk, hkv, d), v.reshape(b, n, gk, hkv, d)
     s = jnp.einsum("bntkgd,bnskd->bkgnts", qb, kb, preferred_element_type=jnp.float32) * scale
-    mx = jnp.max(s, axis=-1, keepdims=True)
-    p = jnp.exp(s - mx)
+    mask = None
+    if spec.causal:
+        mask = jnp.tril(jnp.ones((gq, gk), bool))[None, None, None, None]
+    if spec.key_valid is not None:
+        kv = spec.key_valid.reshape(b, n, gk)[:, None, None, :, None, :]
+        mask = kv if mask is None else mask & kv
+    if mask is None:
+        mx = jnp.max(s, axis=-1, keepdims=True)
+        p = jnp.exp(s - mx)
+    else:
+        s = jnp.where(mask, s, NEG_INF)
+        mx = jnp.max(s, axis=-1, keepdims=True)
+        p = jnp.where(mask, jnp.exp(s - mx), 0.0)
     o = jnp.einsum("bkgnts,bnskd->bkgntd", p.astype(v.dtype), vb, preferred_element_type=jnp.float32)
     flat = lambda x: x.reshape(b, hkv, g, t, x.shape[-1])  # noqa: E731
     return flat(mx), flat(jnp.sum(p, axis=-1, keepdims=True)), flat(o)
