@@ -129,15 +129,17 @@ class TargetLM(nn.Module):
         out = self.embed_tokens.attend(h) if self.cfg.tie_word_embeddings else self.lm_head(h)
         return out.astype(jnp.float32)
 
-    def features(self, tokens: Array, tap_layers: tuple[int, ...], mask: Array | None = None):
-        """Cache-free forward for training: (taps, final-normed last hidden [B, T, d]); no logits."""
+    def features(self, tokens: Array, tap_layers: tuple[int, ...], mask: Array | None = None, *,
+                 with_kv: bool = False):
+        """Cache-free forward for training: (taps, final-normed last hidden [B, T, d]); no logits.
+        `with_kv` also returns every layer's (k, v) — the prefix that DVD verification attends to."""
         b, t = tokens.shape
         attn_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool))[None], (b, t, t))
         if mask is not None:
             attn_mask = attn_mask & mask
         positions = jnp.broadcast_to(jnp.arange(t)[None, :], (b, t))
-        h, _, _, taps = self.layers(self.embed(tokens), positions, attn_mask, None, tuple(tap_layers))
-        return taps, self.norm(h)
+        h, ks, vs, taps = self.layers(self.embed(tokens), positions, attn_mask, None, tuple(tap_layers))
+        return (taps, self.norm(h), ks, vs) if with_kv else (taps, self.norm(h))
 
     def head(self, h: Array) -> Array:
         """LM head on already final-normed hidden states (float32 logits)."""
