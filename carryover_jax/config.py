@@ -382,6 +382,15 @@ class TrainConfig:
     target: str = "smollm2"
     drafter: DrafterSpec = DrafterSpec()
     init_from: str | None = None  # drafter folder (native / z-lab / DeepSpec) to continue from
+    # "baseline": parallel training on sampled anchors. "dvd": parallel draft-verify-draft — draft 1 at the
+    # anchors (greedy, no gradient), the frozen target verifies every block, draft 2 is trained at the
+    # shifted anchors with the rejected verify states carried (trains e_rej). "control": the same DVD
+    # step with the carried rows withheld — the equal-compute control. DVD always runs the target
+    # online for verification (the feature store holds taps, not K/V); with features="store" the context
+    # rows still come from the store, so dvd and control differ only by the carried rows.
+    mode: str = "baseline"
+    dvd_carry: str = "hidden"  # dvd: carried = target "hidden" states | "draft_tokens" | "target_tokens"
+    dvd_off_metrics: bool = True  # dvd: also log draft 2 with carried rows withheld (off/*), no gradient
     data: DataConfig = DataConfig()
     features: str = "online"  # "online": frozen target forward per batch; "store": from the feature store
     out_dir: str = "runs/train"
@@ -416,6 +425,10 @@ class TrainConfig:
             raise ConfigError(f"features must be 'online' or 'store', got {self.features!r}")
         if self.batch_size < 1 or self.num_anchors < 1:
             raise ConfigError("batch_size and num_anchors must be positive")
+        if self.mode not in ("baseline", "dvd", "control"):
+            raise ConfigError(f"mode must be 'baseline', 'dvd' or 'control', got {self.mode!r}")
+        if self.dvd_carry not in ("hidden", "draft_tokens", "target_tokens"):
+            raise ConfigError(f"dvd_carry must be 'hidden', 'draft_tokens' or 'target_tokens', got {self.dvd_carry!r}")
 
     def replace(self, **kw) -> "TrainConfig":
         return dataclasses.replace(self, **kw)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from carryover_jax.config import DrafterConfig
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.cache import KVCache, write_chunk
-from carryover_jax.models.layers import RMSNorm, dense, dtype_of
+from carryover_jax.models.layers import LiveMask, RMSNorm, dense, dtype_of
 from carryover_jax.models.target import DecoderLayer
 
 Array = jax.Array
@@ -103,11 +103,16 @@ class Drafter(nn.Module):
             )
         return self.hidden_norm(self.fc(features))
 
-    def fuse_carried(self, features: Array) -> Array:
-        """Rejected verify features -> carried rows: fused like context, marked with e_rej."""
+    def fuse_carried(self, features: Array, frozen=None) -> Array:
+        """Rejected verify features -> carried rows: fused like context, marked with e_rej. Token ids
+        [B, R] (the interface ablation of DVD training) are embedded by the frozen target embedding
+        instead of `fc`."""
         if not self.cfg.carryover:
             raise ConfigError("this drafter was built without Carryover (carryover=False)")
-        fused = self.fuse(features)
+        if jnp.issubdtype(features.dtype, jnp.integer):
+            fused = jnp.take(frozen["embed"], features, axis=0).astype(dtype_of(self.cfg.backbone.dtype))
+        else:
+            fused = self.fuse(features)
         return fused + self.e_rej.astype(fused.dtype)
 
     def project(self, rows: Array, positions: Array):
@@ -134,11 +139,12 @@ class Drafter(nn.Module):
         """Cache-free forward (training, tests): backbone logits [B, T, V] of the block slots
         (or the final-normed hidden states with `return_hidden`).
 
-        features [B, S, m·d] with feature_mask [B, T, S]; carried [B, P, m·d] with carried_mask [B, T, P].
+        features [B, S, m·d] with feature_mask [B, T, S]; carried [B, P, m·d] (or token ids [B, P]) with
+        carried_mask [B, T, P] or a `Blockwise` (training: block n sees only its own carried rows).
         """
         rows = [(self.fuse(features), feature_positions, feature_mask)]
         if carried is not None:
-            rows.append((self.fuse_carried(carried), carried_positions, carried_mask))
+            rows.append((self.fuse_carried(carried, frozen), carried_positions, carried_mask))
         h = self.block_hidden(tokens, positions, frozen, rows=tuple(rows), block_mask=block_mask)
         return h if return_hidden else logits_from_hidden(h, frozen)
 
@@ -206,11 +212,27 @@ def new_context_cache(cfg: DrafterConfig, batch: int, max_len: int) -> KVCache:
 def append_context(cfg: DrafterConfig, params, cache: KVCache, features: Array, count: Array) -> KVCache:
     """Project newly committed features [B, R, m·d] (first `count[b]` rows valid) into the cache at
     slots `lengths .. lengths+R-1` (= their positions); lengths += count. Only new rows are projected."""
-    m = Drafter(cfg)
-    r = features.shape[1]
+    return append_rows(cfg, params, cache, fuse_rows(cfg, params, features), count)
+
+
+def fuse_rows(cfg: DrafterConfig, params, features: Array) -> Array:
+    """Target features [B, R, m·d] -> fused rows [B, R, d] (`fc` + `hidden_norm`)."""
+    return Drafter(cfg).apply({"params": params}, features, method=Drafter.fuse)
+
+
+def mark_carried(cfg: DrafterConfig, params, fused: Array) -> Array:
+    """Fused rows -> carried rows (+ e_rej): `Drafter.fuse_carried` for rows fused already, so the
+    rejected rows verification fused for the cache append are not fused by `fc` a second time."""
+    if not cfg.carryover:
+        raise ConfigError("this drafter was built without Carryover (carryover=False)")
+    return fused + params["e_rej"].astype(fused.dtype)
+
+
+def append_rows(cfg: DrafterConfig, params, cache: KVCache, rows: Array, count: Array) -> KVCache:
+    """`append_context` for rows fused already ([B, R, d])."""
+    r = rows.shape[1]
     positions = cache.lengths[:, None] + jnp.arange(r)[None, :]
-    rows = m.apply({"params": params}, features, method=Drafter.fuse)
-    ks, vs = m.apply({"params": params}, rows, positions, method=Drafter.project)
+    ks, vs = Drafter(cfg).apply({"params": params}, rows, positions, method=Drafter.project)
     return KVCache(
         k=tuple(write_chunk(buf, k, cache.lengths) for buf, k in zip(cache.k, ks)),
         v=tuple(write_chunk(buf, v, cache.lengths) for buf, v in zip(cache.v, vs)),
@@ -232,24 +254,27 @@ def proposal_slots(cfg: DrafterConfig) -> slice:
 
 
 def draft_block_logits(cfg: DrafterConfig, params, frozen, cache: KVCache, anchor: Array,
-                       carried: Array | None = None, rejected_count: Array | None = None):
+                       carried: Array | None = None, rejected_count: Array | None = None, *,
+                       carried_fused: bool = False):
     """One drafting round's backbone logits for the proposal slots, [B, P, V].
 
-    The anchor sits at position `cache.lengths` (context is strictly before it). Carried rows j sit
-    at `anchor_pos + j` and are visible iff j < rejected_count; pass `carried=None` for the plain
-    drafter. Shapes never depend on the counts.
+    The anchor sits at position `cache.lengths` (context is strictly before it; attention reads the
+    cache only up to the longest row). Carried rows j sit at `anchor_pos + j` and are visible iff
+    j < rejected_count; pass `carried=None` for the plain drafter. `carried` holds target features
+    [B, P, m·d], or with `carried_fused` rows already fused and marked (`mark_carried`) [B, P, d].
+    Shapes never depend on the counts.
     """
     m = Drafter(cfg)
-    b, t, s = anchor.shape[0], cfg.block_size, cache.max_len
+    b, t = anchor.shape[0], cfg.block_size
     anchor_pos = cache.lengths
     positions = anchor_pos[:, None] + jnp.arange(t)[None, :]
-    ctx_mask = jnp.broadcast_to((jnp.arange(s)[None, :] < cache.lengths[:, None])[:, None, :], (b, t, s))
+    ctx_mask = LiveMask(jnp.broadcast_to(cache.lengths[:, None], (b, t)))
     rows = ()
     if carried is not None:
         p = carried.shape[1]
         cpos = anchor_pos[:, None] + jnp.arange(p)[None, :]
         cmask = jnp.arange(p)[None, :] < rejected_count[:, None]
-        fused = m.apply({"params": params}, carried, method=Drafter.fuse_carried)
+        fused = carried if carried_fused else m.apply({"params": params}, carried, method=Drafter.fuse_carried)
         rows = ((fused, cpos, jnp.broadcast_to(cmask[:, None, :], (b, t, p))),)
     h = m.apply({"params": params}, block_tokens(cfg, anchor), positions, frozen,
                 cached=(cache.k, cache.v, ctx_mask), rows=rows, method=Drafter.block_hidden)

@@ -1,8 +1,5 @@
-"""The jitted, sharded training step of baseline parallel drafter training.
-
-One step: (online) frozen target forward -> features and final-normed hidden; N anchors per sequence
--> blocks with the anchor mask -> drafter -> draft logits at the proposal slots (+ teacher-forced
-Markov bias) and aligned target logits -> weighted CE (+ L1) -> AdamW update of the drafter only.
+"""The jitted, sharded training step: the loss of the run's mode (baseline parallel training,
+`train/losses.py`; DVD or its equal-compute control, `train/dvd.py`) -> AdamW update of the drafter only.
 """
 
 from __future__ import annotations
@@ -18,10 +15,11 @@ import jax.numpy as jnp
 import optax
 
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
-from carryover_jax.models.drafter import Drafter, frozen_from_target, init_drafter_params, logits_from_hidden
+from carryover_jax.errors import ConfigError
+from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.target import TargetLM
-from carryover_jax.train import anchors as A
-from carryover_jax.train.objectives import combine, row_terms
+from carryover_jax.train.dvd import dvd_loss
+from carryover_jax.train.losses import baseline_loss
 from carryover_jax.train.sharding import batch_sharding, replicated, shardings_from_boxed, unbox_plain
 
 Array = jax.Array
@@ -47,16 +45,22 @@ class StepConfig:
     l1_weight: float
     remat: bool = False
     loss_chunk: int = 0  # rows per vocabulary-logits chunk (0 = all at once)
+    mode: str = "baseline"  # "baseline" | "dvd" (draft-verify-draft with carried rows) | "control" (DVD without)
+    carry: str = "hidden"  # what DVD's draft 2 sees at the rejected positions (train/dvd.py)
+    off_metrics: bool = True  # DVD: also log draft 2 with the carried rows withheld (no gradient)
 
 
 def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: DrafterConfig) -> StepConfig:
     ce, l1 = cfg.loss_weights
     dt = cfg.compute_dtype
+    if cfg.mode == "dvd" and not drafter_cfg.carryover:
+        raise ConfigError("mode=dvd trains e_rej, but this drafter has none: set drafter.carryover=true "
+                          "(or mode=control for the equal-compute run without carried rows)")
     return StepConfig(
         target=target_cfg.replace(dtype=dt),
         drafter=drafter_cfg.replace(backbone=drafter_cfg.backbone.replace(dtype=dt, param_dtype="float32")),
         num_anchors=cfg.num_anchors, gamma=cfg.loss_decay_gamma, ce_weight=ce, l1_weight=l1, remat=cfg.remat,
-        loss_chunk=cfg.loss_chunk_rows,
+        loss_chunk=cfg.loss_chunk_rows, mode=cfg.mode, carry=cfg.dvd_carry, off_metrics=cfg.dvd_off_metrics,
     )
 
 
@@ -85,59 +89,8 @@ def init_state(params, optimizer, seed: int) -> TrainState:
                       rng=jax.random.key_data(jax.random.key(seed)))
 
 
-def target_features(sc: StepConfig, target_params, input_ids):
-    """Frozen target forward: concatenated taps [B, S, m·d] and final-normed hidden [B, S, d]."""
-    taps, last = TargetLM(sc.target).apply({"params": target_params}, input_ids, sc.drafter.target_layer_ids,
-                                           method=TargetLM.features)
-    return jax.lax.stop_gradient(jnp.concatenate(taps, -1)), jax.lax.stop_gradient(last)
-
-
 def loss_fn(params, sc: StepConfig, target_params, batch, rng):
-    ids, lm = batch["input_ids"], batch["loss_mask"]
-    b, s = ids.shape
-    dc = sc.drafter
-    t, p, n = dc.block_size, dc.num_proposals, sc.num_anchors
-    if "features" in batch:
-        feats, last = batch["features"], batch["last_hidden"]
-    else:
-        feats, last = target_features(sc, target_params, ids)
-    anchors, keep, nvalid = A.sample_anchors(rng, lm, n)
-    blk = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
-    frozen = frozen_from_target(target_params, sc.target)
-    h = Drafter(dc, remat=sc.remat).apply(
-        {"params": params}, blk.tokens, blk.positions, frozen, feats.astype(jnp.dtype(dc.backbone.dtype)),
-        jnp.broadcast_to(jnp.arange(s)[None], (b, s)), A.context_mask(blk, t, s),
-        block_mask=t, return_hidden=True,  # block-diagonal: each of the N blocks sees only itself
-    )
-    h = h.reshape(b, n, t, -1)[:, :, A.proposal_slots(dc)].reshape(b * n * p, -1)  # one row per proposal
-    # the target's next-token distribution at each proposal's prediction point (label position - 1)
-    pred_at = jnp.clip(blk.label_idx - 1, 0, s - 1).reshape(b, n * p)
-    th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n * p, -1)
-    labels = blk.labels.reshape(-1)
-    prev = jnp.concatenate([blk.tokens.reshape(b, n, t)[:, :, :1], blk.labels[..., :-1]], axis=-1).reshape(-1)
-
-    def terms(hc, thc, lc, pc):
-        z = logits_from_hidden(hc[None], frozen)[0]
-        if dc.markov_rank:  # teacher-forced transition bias from the previous ground-truth token
-            z = z + Drafter(dc).apply({"params": params}, pc, method=Drafter.markov_bias)
-        zt = TargetLM(sc.target).apply({"params": target_params}, thc, method=TargetLM.head)
-        return row_terms(z, jax.lax.stop_gradient(zt), lc)
-
-    rows = (h, th, labels, prev)
-    r, c = b * n * p, sc.loss_chunk
-    if c and r > c:
-        # vocabulary-sized logits exist for one chunk of rows at a time, forward and backward
-        pad = (-r) % c
-        chunked = [jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape(-1, c, *x.shape[1:]) for x in rows]
-        out = jax.lax.map(jax.checkpoint(lambda xs: terms(*xs)), tuple(chunked))
-        out = [x.reshape(-1)[:r] for x in out]
-    else:
-        out = terms(*rows)
-    loss, metrics = combine(*[x.reshape(b, n, p) for x in out], blk.eval_mask, gamma=sc.gamma,
-                            ce_weight=sc.ce_weight, l1_weight=sc.l1_weight)
-    metrics["anchors_per_seq"] = jnp.mean(jnp.sum(keep, axis=1).astype(jnp.float32))
-    metrics["valid_anchor_ratio"] = jnp.mean(jnp.minimum(nvalid, n) / jnp.maximum(nvalid, 1))
-    return loss, metrics
+    return (baseline_loss if sc.mode == "baseline" else dvd_loss)(params, sc, target_params, batch, rng)
 
 
 def train_step(sc: StepConfig, optimizer, state: TrainState, target_params, batch):

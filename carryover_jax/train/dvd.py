@@ -1,0 +1,160 @@
+"""Parallel draft–verify–draft (DVD) training: the drafter learns what carried rows mean.
+
+For every sequence, N anchors s_n are sampled as in baseline training; then, for all anchors at once:
+
+1. draft 1 (no gradient): the drafter proposes d_1..d_P at every anchor exactly as when decoding —
+   greedy, the Markov head sequential over slots, no carried rows;
+2. verify (frozen target, no gradient): one target pass over the N blocks [x_{s_n}, d_1..d_P], each
+   attending causally to itself (`Blockwise(causal=True)`) and to the recorded sequence's K/V before
+   its anchor. a_n = the longest prefix of proposals equal to the recorded continuation (the recorded
+   response is the target's own greedy output, so this is T=0 acceptance); padding and the loss mask
+   end a block;
+3. draft 2 (trained): anchors s_n + a_n + 1 with the loss of baseline training; carried = block n's
+   verify states at the rejected indices a_n+1..P (count P - a_n, padded to P, masked by count), seen
+   only by the shifted block n. `mode="control"` withholds them: the equal-compute control, which is
+   a baseline step at the shifted anchors.
+
+`carry` picks what draft 2 receives at the rejected positions (the paper's interface ablation):
+target hidden states (the method), the rejected draft tokens, or the target's own greedy tokens there,
+both embedded through the frozen target embedding.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden, sequential_proposals
+from carryover_jax.models.layers import Blockwise
+from carryover_jax.models.target import DecoderLayer, TargetLM
+from carryover_jax.train import anchors as A
+from carryover_jax.train.losses import anchor_metrics, batch_features, block_loss, chunked_rows
+
+if TYPE_CHECKING:
+    from carryover_jax.train.step import StepConfig
+
+Array = jax.Array
+
+
+def draft_proposals(sc: StepConfig, params, frozen, feats: Array, blk: A.Blocks) -> Array:
+    """Draft 1: greedy proposals [B, N, P] of every block, no carried rows, no gradient."""
+    dc = sc.drafter
+    params = jax.lax.stop_gradient(params)
+    b, s = feats.shape[:2]
+    t, p, n = dc.block_size, dc.num_proposals, blk.anchors.shape[1]
+    h = Drafter(dc).apply(
+        {"params": params}, blk.tokens, blk.positions, frozen, feats.astype(jnp.dtype(dc.backbone.dtype)),
+        jnp.broadcast_to(jnp.arange(s)[None], (b, s)), A.context_mask(blk, t, s), block_mask=t, return_hidden=True,
+    )
+    h = h.reshape(b * n, t, -1)[:, A.proposal_slots(dc)]  # [B*N, P, d]
+    anchor_tok = blk.tokens.reshape(b * n, t)[:, 0]
+
+    def propose(hc, ac):
+        z = logits_from_hidden(hc, frozen)
+        return sequential_proposals(dc, params, z, ac, None, None, sampling=False)[0]
+
+    rows_per_chunk = max(1, sc.loss_chunk // p) if sc.loss_chunk else 0
+    toks = chunked_rows(propose, (h, anchor_tok), rows_per_chunk)
+    return jax.lax.stop_gradient(toks).reshape(b, n, p)
+
+
+def accept_counts(proposals: Array, blk: A.Blocks) -> Array:
+    """a_n [B, N]: the longest prefix of proposals equal to the recorded continuation, within the
+    block's valid labels (eval mask)."""
+    hit = (proposals == blk.labels) & blk.eval_mask
+    return jnp.sum(jnp.cumprod(hit.astype(jnp.int32), axis=-1), axis=-1).astype(jnp.int32)
+
+
+def verify_blocks(sc: StepConfig, target_params, ids: Array, anchors: Array, keep: Array, proposals: Array,
+                  *, with_hidden: bool = False):
+    """The frozen target over all N blocks [x_{s_n}, d_1..d_P] at positions s_n..s_n+P, each block
+    causal in itself and seeing the recorded sequence before its anchor. Returns the concatenated
+    taps [B, N, P+1, m·d] (and the final-normed hidden [B, N, P+1, d] with `with_hidden`)."""
+    tc, layer_ids = sc.target, sc.drafter.target_layer_ids
+    b, s = ids.shape
+    n, p = proposals.shape[1:]
+    tv = p + 1
+    tm = TargetLM(tc)
+    _, _, ks, vs = tm.apply({"params": target_params}, ids, layer_ids, method=TargetLM.features, with_kv=True)
+    first = jnp.take_along_axis(ids, anchors, axis=1)
+    tokens = jnp.concatenate([first[..., None], proposals], axis=-1).reshape(b, n * tv)
+    positions = (anchors[..., None] + jnp.arange(tv)).reshape(b, n * tv)
+    a = jnp.repeat(anchors, tv, axis=1)
+    prefix_mask = (jnp.arange(s)[None, None, :] < a[:, :, None]) & jnp.repeat(keep, tv, axis=1)[:, :, None]
+    h = tm.apply({"params": target_params}, tokens, method=TargetLM.embed)
+    taps = {-1: h}
+    for i in range(tc.num_layers):
+        h = DecoderLayer(tc).apply({"params": target_params["layers"][str(i)]}, h, positions,
+                                   [(ks[i], vs[i], prefix_mask)], Blockwise(n, causal=True),
+                                   method=DecoderLayer.with_context)
+        taps[i] = h
+    feats = jnp.concatenate([taps[l] for l in layer_ids], axis=-1).reshape(b, n, tv, -1)
+    if not with_hidden:
+        return jax.lax.stop_gradient(feats)
+    last = tm.apply({"params": target_params}, h, method=lambda m, x: m.norm(x)).reshape(b, n, tv, -1)
+    return jax.lax.stop_gradient(feats), jax.lax.stop_gradient(last)
+
+
+def shifted_anchors(lm: Array, anchors: Array, keep: Array, accepted: Array) -> tuple[Array, Array]:
+    """s_n + a_n + 1, kept where it is itself a valid anchor (it and its first label in the loss mask)."""
+    s = lm.shape[1]
+    shifted = anchors + accepted + 1
+    ok = keep & (shifted < s) & jnp.take_along_axis(A.anchor_candidates(lm), jnp.minimum(shifted, s - 1), axis=1)
+    return jnp.where(ok, shifted, 0).astype(jnp.int32), ok
+
+
+def carried_rows(sc: StepConfig, target_params, ids, anchors, keep, proposals, accepted, anchors2, keep2):
+    """Draft 2's carried rows: rows [B, N*P, ...], positions [B, N*P], valid [B, N*P]. Row j of block n
+    is the verify state at index a_n + 1 + j (position s'_n + j), valid iff j < P - a_n."""
+    b, n, p = proposals.shape
+    j = jnp.arange(p)
+    idx = jnp.minimum(accepted[..., None] + 1 + j, p)  # verify index [B, N, P]
+    valid = (j < p - accepted[..., None]) & keep2[..., None]
+    positions = anchors2[..., None] + j
+    if sc.carry == "draft_tokens":  # verify index i >= 1 holds d_i = proposals[i - 1]
+        rows = jnp.take_along_axis(proposals, jnp.maximum(idx - 1, 0), axis=-1)
+    elif sc.carry == "target_tokens":  # the target's greedy token from each rejected state
+        _, last = verify_blocks(sc, target_params, ids, anchors, keep, proposals, with_hidden=True)
+        hid = jnp.take_along_axis(last, idx[..., None], axis=2)
+        rows = jnp.argmax(TargetLM(sc.target).apply({"params": target_params}, hid, method=TargetLM.head), -1)
+        rows = rows.astype(jnp.int32)
+    else:
+        feats = verify_blocks(sc, target_params, ids, anchors, keep, proposals)
+        rows = jnp.take_along_axis(feats, idx[..., None], axis=2)
+    flat = lambda x: x.reshape(b, n * p, *x.shape[3:])  # noqa: E731
+    return flat(rows), flat(positions).astype(jnp.int32), flat(valid)
+
+
+def dvd_loss(params, sc: StepConfig, target_params, batch, rng):
+    ids, lm = batch["input_ids"], batch["loss_mask"]
+    dc, n = sc.drafter, sc.num_anchors
+    feats, last = batch_features(sc, target_params, batch)
+    frozen = frozen_from_target(target_params, sc.target)
+    anchors, keep, nvalid = A.sample_anchors(rng, lm, n)
+    blk1 = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
+    proposals = draft_proposals(sc, params, frozen, feats, blk1)
+    accepted = accept_counts(proposals, blk1)
+    anchors2, keep2 = shifted_anchors(lm, anchors, keep, accepted)
+    blk2 = A.build_blocks(dc, ids, lm, anchors2, keep2, nvalid)
+    carried = None
+    if sc.mode == "dvd":
+        carried = carried_rows(sc, target_params, ids, anchors, keep, proposals, accepted, anchors2, keep2)
+    loss, metrics = block_loss(params, sc, target_params, frozen, ids, feats, last, blk2, carried)
+    if sc.mode == "dvd" and sc.off_metrics:  # the same draft 2 with the carried rows withheld
+        _, off = block_loss(jax.lax.stop_gradient(params), sc, target_params, frozen, ids, feats, last, blk2)
+        metrics.update({f"off/{k}": v for k, v in off.items() if k in ("ce_loss", "tau_estimate", "top1_acc@slot")})
+    metrics.update(anchor_metrics(keep, nvalid, n))
+    metrics.update(draft1_metrics(accepted, keep, keep2, dc.num_proposals))
+    return loss, metrics
+
+
+def draft1_metrics(accepted: Array, keep: Array, keep2: Array, p: int) -> dict:
+    """Draft 1's greedy acceptance at the sampled anchors: mean a_n, tau = mean(a_n + 1), and the
+    distribution of rejected counts P - a_n over kept anchors (index r = count r)."""
+    k = keep.astype(jnp.float32)
+    nk = jnp.maximum(jnp.sum(k), 1.0)
+    hist = jnp.sum(jax.nn.one_hot(p - accepted, p + 1) * k[..., None], axis=(0, 1)) / nk
+    return {"draft1/accept_mean": jnp.sum(accepted * k) / nk, "draft1/tau": 1.0 + jnp.sum(accepted * k) / nk,
+            "draft1/rejected_hist": hist, "draft2/kept_ratio": jnp.sum(keep2) / nk}

@@ -1,0 +1,100 @@
+"""Drafter losses on training blocks (DeepSpec recipe), shared by baseline and DVD training.
+
+Baseline: (online or stored) frozen target features and final-normed hidden; N anchors per sequence
+-> blocks with the anchor mask -> drafter -> draft logits at the proposal slots (+ teacher-forced
+Markov bias) and aligned target logits -> weighted CE (+ L1).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden
+from carryover_jax.models.layers import Blockwise
+from carryover_jax.models.target import TargetLM
+from carryover_jax.train import anchors as A
+from carryover_jax.train.objectives import combine, row_terms
+
+if TYPE_CHECKING:
+    from carryover_jax.train.step import StepConfig
+
+
+def target_features(sc: StepConfig, target_params, input_ids):
+    """Frozen target forward: concatenated taps [B, S, m·d] and final-normed hidden [B, S, d]."""
+    taps, last = TargetLM(sc.target).apply({"params": target_params}, input_ids, sc.drafter.target_layer_ids,
+                                           method=TargetLM.features)
+    return jax.lax.stop_gradient(jnp.concatenate(taps, -1)), jax.lax.stop_gradient(last)
+
+
+def chunked_rows(fn, rows: tuple, chunk: int):
+    """fn over row-aligned arrays, `chunk` rows at a time when set (vocabulary-sized intermediates exist
+    for one chunk at a time, forward and backward); outputs are per-row arrays."""
+    r = rows[0].shape[0]
+    if not chunk or r <= chunk:
+        return fn(*rows)
+    pad = (-r) % chunk
+    chunked = [jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape(-1, chunk, *x.shape[1:]) for x in rows]
+    out = jax.lax.map(jax.checkpoint(lambda xs: fn(*xs)), tuple(chunked))
+    return jax.tree_util.tree_map(lambda x: x.reshape(-1, *x.shape[2:])[:r], out)
+
+
+def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, blk: A.Blocks, carried=None):
+    """Loss and metrics of the drafter on the blocks `blk` (baseline training, or DVD's draft 2).
+
+    `carried` = (rows [B, N*P, ...], positions [B, N*P], valid [B, N*P]): block n's carried rows are
+    rows n*P .. n*P+P-1, seen only by block n (target features, or token ids for the token ablation)."""
+    b, s = ids.shape
+    dc = sc.drafter
+    t, p, n = dc.block_size, dc.num_proposals, blk.anchors.shape[1]
+    kw = {}
+    if carried is not None:
+        rows, pos, valid = carried
+        kw = dict(carried=rows, carried_positions=pos, carried_mask=Blockwise(n, key_valid=valid))
+    h = Drafter(dc, remat=sc.remat).apply(
+        {"params": params}, blk.tokens, blk.positions, frozen, feats.astype(jnp.dtype(dc.backbone.dtype)),
+        jnp.broadcast_to(jnp.arange(s)[None], (b, s)), A.context_mask(blk, t, s),
+        block_mask=t, return_hidden=True, **kw,  # block-diagonal: each of the N blocks sees only itself
+    )
+    h = h.reshape(b, n, t, -1)[:, :, A.proposal_slots(dc)].reshape(b * n * p, -1)  # one row per proposal
+    # the target's next-token distribution at each proposal's prediction point (label position - 1)
+    pred_at = jnp.clip(blk.label_idx - 1, 0, s - 1).reshape(b, n * p)
+    th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n * p, -1)
+    labels = blk.labels.reshape(-1)
+    prev = jnp.concatenate([blk.tokens.reshape(b, n, t)[:, :, :1], blk.labels[..., :-1]], axis=-1).reshape(-1)
+
+    def terms(hc, thc, lc, pc):
+        z = logits_from_hidden(hc[None], frozen)[0]
+        if dc.markov_rank:  # teacher-forced transition bias from the previous ground-truth token
+            z = z + Drafter(dc).apply({"params": params}, pc, method=Drafter.markov_bias)
+        zt = TargetLM(sc.target).apply({"params": target_params}, thc, method=TargetLM.head)
+        return row_terms(z, jax.lax.stop_gradient(zt), lc)
+
+    out = chunked_rows(terms, (h, th, labels, prev), sc.loss_chunk)
+    return combine(*[x.reshape(b, n, p) for x in out], blk.eval_mask, gamma=sc.gamma,
+                   ce_weight=sc.ce_weight, l1_weight=sc.l1_weight)
+
+
+def batch_features(sc: StepConfig, target_params, batch):
+    if "features" in batch:
+        return batch["features"], batch["last_hidden"]
+    return target_features(sc, target_params, batch["input_ids"])
+
+
+def baseline_loss(params, sc: StepConfig, target_params, batch, rng):
+    """Baseline parallel training: N sampled anchors per sequence, no carried rows."""
+    ids, lm = batch["input_ids"], batch["loss_mask"]
+    feats, last = batch_features(sc, target_params, batch)
+    anchors, keep, nvalid = A.sample_anchors(rng, lm, sc.num_anchors)
+    blk = A.build_blocks(sc.drafter, ids, lm, anchors, keep, nvalid)
+    loss, metrics = block_loss(params, sc, target_params, frozen_from_target(target_params, sc.target), ids, feats,
+                               last, blk)
+    metrics.update(anchor_metrics(keep, nvalid, sc.num_anchors))
+    return loss, metrics
+
+
+def anchor_metrics(keep, nvalid, n: int) -> dict:
+    return {"anchors_per_seq": jnp.mean(jnp.sum(keep, axis=1).astype(jnp.float32)),
+            "valid_anchor_ratio": jnp.mean(jnp.minimum(nvalid, n) / jnp.maximum(nvalid, 1))}
