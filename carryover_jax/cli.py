@@ -17,9 +17,11 @@ def _add_target_args(p: argparse.ArgumentParser):
 
 
 def _cmd_generate(args) -> int:
-    from carryover_jax.decode.generate import generate
+    from carryover_jax.decode.generate import check_sampling, generate
     from carryover_jax.loading import load_target
 
+    check_sampling(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature,
+                   max_new_tokens=args.max_new_tokens, max_len=args.max_len)  # before loading anything
     prompts = list(args.prompt or [])
     if args.prompts_file:
         from carryover_jax.train.sources import iter_jsonl
@@ -29,7 +31,8 @@ def _cmd_generate(args) -> int:
             msgs = conv.messages[: first_user + 1]
             prompts.append(msgs[0]["content"] if args.no_chat and len(msgs) == 1 else msgs)
     if not prompts:
-        raise CarryoverError("give at least one --prompt or a --prompts-file")
+        raise CarryoverError(f"no prompts in {args.prompts_file}" if args.prompts_file
+                             else "give at least one --prompt or a --prompts-file")
     target = load_target(args.target, dtype=args.dtype)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, chat=not args.no_chat, max_len=args.max_len)
@@ -156,7 +159,15 @@ def _cmd_bench(args) -> int:
         else:
             print("bench decode: no --drafter given; using an untrained random drafter (tau ~ 1): the numbers "
                   "then measure engine overheads, not speedups", file=sys.stderr)
-            drafter = init_drafter(target, kind="dflash", layout="zlab")
+            drafter = init_drafter(target, kind="dflash", layout="zlab",
+                                   **({"num_proposals": args.proposals, "num_layers": args.draft_layers}
+                                      if args.breakdown else {}))
+        if args.breakdown:
+            result = decode.breakdown(target, drafter, max_lens=tuple(args.max_lens),
+                                      repeats=args.repeats if args.repeats > 1 else 25)
+            print(decode.format_breakdown(result))
+            _write_result(result, args.out)
+            return 0
         result = decode.run(target, drafter, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                             batch_sizes=tuple(args.batch_sizes))
         print(decode.format_table(result))
@@ -282,12 +293,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--devices", type=int, default=64, help="bench train: devices for the Qwen3-4B memory estimate")
     b.add_argument("--drafter", help="bench decode: drafter folder (default: an untrained random drafter)")
     b.add_argument("--prompts", type=int, default=4, help="bench decode: prompts decoded one by one")
+    b.add_argument("--breakdown", action="store_true", help="bench decode: AR step / draft / verify / round times "
+                   "and ratios at several cache sizes (--max-lens; --proposals, --draft-layers for the random drafter)")
+    b.add_argument("--max-lens", type=int, nargs="+", default=[256, 1024, 4096], help="bench decode --breakdown")
     _add_target_args(b)  # --dtype also sets bench steps' dtype (default bfloat16)
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--repeats", type=int, default=1)
     b.add_argument("--out", help="also write the result as JSON here")
     b.set_defaults(func=_cmd_bench)
+
+    from carryover_jax.eval.command import add_parser as add_eval_parser
+
+    add_eval_parser(sub, _add_target_args)  # `carryover eval`: carryover_jax/eval/command.py
     return parser
 
 
@@ -296,7 +314,11 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except CarryoverError as e:
-        print(f"carryover {args.command}: error: {e}", file=sys.stderr)
+        print(f"carryover {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file the command writes or reads: permissions, a full disk, ...
+        where = f" in {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"carryover {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"carryover {args.command}: interrupted", file=sys.stderr)

@@ -108,3 +108,115 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"| {t['batch']} | {t['ar_tokens_per_s']} | {t['baseline_tokens_per_s']} | "
                      f"{t['carryover_tokens_per_s']} | {t['carryover_over_ar']}x | {t['carryover_over_baseline']}x |")
     return "\n".join(lines)
+
+
+# ---- `carryover bench decode --breakdown`: the cost of one speculative round -------------------------
+def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 100, repeats: int = 25,
+              batch: int = 1, carryover: bool = True, progress: bool = True) -> dict[str, Any]:
+    """Median times of one AR step, one `draft_step`, one `verify_step` and one round (draft + verify)
+    at each cache size `max_len`, with the committed length reset to `prompt_len` before every call
+    (so every call does the same work). Calls are interleaved across step kinds and cache sizes, so
+    slow phases of a shared machine hit all of them alike; ratios to the AR step at the same max_len
+    are the numbers to compare. Also reports how many times each jitted step compiled (once per
+    max_len is the contract) and that repeated calls compile nothing new."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from tqdm import tqdm
+
+    from carryover_jax.config import next_bucket
+    from carryover_jax.decode import autoregressive as ar
+    from carryover_jax.decode import speculative as sp
+
+    tcfg, tp, dcfg, dp = target.cfg, target.params, drafter.cfg, drafter.params
+    sc = sp.SpecConfig(target=tcfg, drafter=dcfg, carryover=carryover and dcfg.carryover)
+    rng = np.random.default_rng(0)
+    bucket = next_bucket(prompt_len)
+    tokens = np.zeros((batch, bucket), np.int32)
+    tokens[:, :prompt_len] = rng.integers(10, tcfg.vocab_size, (batch, prompt_len))
+    tokens, lens = jnp.asarray(tokens), jnp.full((batch,), prompt_len, jnp.int32)
+    jitted = {"ar.prefill": ar.prefill, "ar.step": ar.step, "sp.prefill": sp.prefill,
+              "sp.draft_step": getattr(sp, "draft_parts", sp.draft_step), "sp.verify_step": sp.verify_step}
+
+    def compiled():
+        try:  # private jax API
+            return {k: f._cache_size() for k, f in jitted.items()}
+        except AttributeError:
+            return None
+
+    before = compiled()
+    boxes = {}
+    for L in max_lens:
+        cache, logits = ar.prefill(tcfg, tp, tokens, lens, max_len=L)
+        s = sp.prefill(sc, tp, dp, tokens, lens, jnp.full((batch,), 10 ** 6, jnp.int32), jnp.zeros((batch,)),
+                       jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=L, out_len=1024, max_rounds=8)
+        boxes[L] = {"cache": cache, "tok": jnp.argmax(logits, -1).astype(jnp.int32), "s": s}
+
+    def reset(s):
+        return s.replace(target_cache=s.target_cache.with_lengths(lens + 0),
+                         draft_cache=s.draft_cache.with_lengths(lens + 0), out_len=jnp.ones_like(s.out_len),
+                         rounds=jnp.zeros_like(s.rounds), done=jnp.zeros_like(s.done))
+
+    def ar_step(bx):
+        lg, bx["cache"] = ar.step(tcfg, tp, bx["cache"].with_lengths(lens + 0), bx["tok"])
+        return lg
+
+    def draft(bx):
+        toks, q, bx["s"] = sp.draft_step(sc, tp, dp, reset(bx["s"]))
+        bx["toks"], bx["q"] = toks, q
+        return toks
+
+    def verify(bx):
+        bx["s"] = sp.verify_step(sc, tp, dp, reset(bx["s"]), bx["toks"], bx["q"])
+        return bx["s"].out_len
+
+    def round_(bx):
+        draft(bx)
+        return verify(bx)
+
+    fns = {"ar": ar_step, "draft": draft, "verify": verify, "round": round_}
+    for bx in boxes.values():  # compile + warm up
+        for f in fns.values():
+            jax.block_until_ready(f(bx))
+    warm = compiled()
+    times = {(L, k): [] for L in max_lens for k in fns}
+    for _ in tqdm(range(repeats), desc="bench decode --breakdown", disable=not progress):
+        for L in max_lens:
+            for k, f in fns.items():
+                t = time.perf_counter()
+                jax.block_until_ready(f(boxes[L]))
+                times[(L, k)].append(time.perf_counter() - t)
+    after = compiled()
+    rows = []
+    for L in max_lens:
+        ms = {k: 1e3 * float(np.median(times[(L, k)])) for k in fns}
+        rows.append({"max_len": L, **{f"{k}_ms": round(v, 2) for k, v in ms.items()},
+                     **{f"{k}_over_ar": round(ms[k] / ms["ar"], 3) for k in ("draft", "verify", "round")}})
+    first, last = rows[0], rows[-1]
+    growth = {k: round(last[f"{k}_ms"] / first[f"{k}_ms"] - 1, 3) for k in fns}
+    out = {"benchmark": "decode-breakdown", "target": str(target.path),
+           "drafter": {"kind": dcfg.kind, "layout": dcfg.layout, "proposals": dcfg.num_proposals,
+                       "layers": dcfg.backbone.num_layers}, "carryover": sc.carryover, "batch": batch,
+           "prompt_len": prompt_len, "repeats": repeats, "device": str(jax.devices()[0]), "rows": rows,
+           f"growth_{first['max_len']}_to_{last['max_len']}": growth}
+    if before is not None:
+        out["compiles"] = {k: warm[k] - before[k] for k in jitted}
+        out["recompiles_while_timing"] = sum(after[k] - warm[k] for k in jitted)
+    return out
+
+
+def format_breakdown(r: dict[str, Any]) -> str:
+    d = r["drafter"]
+    lines = [f"batch {r['batch']}, prompt {r['prompt_len']} tokens, drafter {d['kind']}/{d['layout']} "
+             f"{d['proposals']} proposals {d['layers']} layers, carryover={r['carryover']}, medians of "
+             f"{r['repeats']} interleaved calls, {r['device']}",
+             "| max_len | AR step ms | draft ms | verify ms | round ms | draft/AR | verify/AR | round/AR |",
+             "|---|---|---|---|---|---|---|---|"]
+    for x in r["rows"]:
+        lines.append(f"| {x['max_len']} | {x['ar_ms']} | {x['draft_ms']} | {x['verify_ms']} | {x['round_ms']} | "
+                     f"{x['draft_over_ar']} | {x['verify_over_ar']} | {x['round_over_ar']} |")
+    key = next(k for k in r if k.startswith("growth_"))
+    lines.append(f"\n{key.replace('_', ' ')}: " + ", ".join(f"{k} {100 * v:+.1f}%" for k, v in r[key].items()))
+    if "compiles" in r:
+        lines.append(f"compiles: {r['compiles']} (while timing: {r['recompiles_while_timing']})")
+    return "\n".join(lines)
