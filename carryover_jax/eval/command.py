@@ -1,0 +1,117 @@
+"""The `carryover eval` subcommand: argparse wiring (kept out of cli.py) and the command body."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "eval", help="τ, speedup and throughput of one target with several drafters on the same prompts",
+        description="Evaluate drafters side by side: AR and every --drafter on the same prompts in one run "
+                    "(τ per dataset and over the mix at each temperature, speedup over AR at batch 1, "
+                    "throughput per batch size, T = 0 sequences checked against AR). Writes results.json, "
+                    "report.md and PNG plots into --out.")
+    add_target_args(p)
+    p.add_argument("--drafter", action="append", metavar="LABEL=DIR[:carryover]",
+                   help="an arm of the comparison, e.g. --drafter baseline=DIR --drafter control=DIR "
+                        "--drafter carryover=DIR:carryover; only ':carryover' arms attend to carried rows")
+    p.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench", "sharegpt"],
+                   metavar="NAME", help="humaneval | mtbench | sharegpt (held-out split) | PATH.jsonl | LABEL=PATH")
+    p.add_argument("--prompts-per-dataset", type=int, default=8, help="the first N prompts of each dataset that fit")
+    p.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer prompts (after the chat template)")
+    p.add_argument("--system", default=None, help="a system prompt (default: none is added)")
+    p.add_argument("--heldout-per-mille", type=int, default=20, help="ShareGPT held-out split (as in training)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--seeds", type=int, default=3, help="passes per temperature > 0 (for the confidence interval)")
+    p.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 2, 4, 8],
+                   help="throughput pass at T = 0 (none: skip it)")
+    p.add_argument("--max-len", type=int, default=None, help="KV cache length (default: fits each request)")
+    p.add_argument("--mask-token-id", type=int, default=None,
+                   help="the MASK row every drafter must use (default: the target's)")
+    p.add_argument("--diagnostics", action="store_true",
+                   help="also the ON/OFF replay (Carryover arms) and re-convergence of rejected branches, T = 0")
+    p.add_argument("--diagnostic-prompts", type=int, default=4, help="prompts per dataset for --diagnostics")
+    p.add_argument("--from-json", default=None, metavar="RESULTS",
+                   help="re-render report.md and plots from a stored results.json (or its folder) into --out")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--out", required=True, help="output folder (written atomically)")
+    p.set_defaults(func=main)
+    return p
+
+
+def _check_args(args):
+    from carryover_jax.errors import CarryoverError
+
+    for name in ("prompts_per_dataset", "max_prompt_tokens", "max_new_tokens", "seeds", "diagnostic_prompts"):
+        if getattr(args, name) < 1:
+            raise CarryoverError(f"--{name.replace('_', '-')} must be >= 1")
+    if any(b < 1 for b in args.batch_sizes):
+        raise CarryoverError("--batch-sizes must be >= 1")
+    if any(not (t >= 0) for t in args.temperatures):
+        raise CarryoverError("--temperatures must be >= 0")
+    if len(set(args.temperatures)) != len(args.temperatures):
+        raise CarryoverError("--temperatures has duplicates")
+
+
+def main(args) -> int:
+    from carryover_jax.eval.run import load_result, write_outputs
+
+    if args.from_json:
+        out = write_outputs(load_result(args.from_json), args.out, plots=not args.no_plots)
+        print(out / "report.md")
+        return 0
+    _check_args(args)
+    from carryover_jax.errors import CarryoverError
+    from carryover_jax.eval.datasets import load_prompts
+    from carryover_jax.eval.run import encode_items, load_entries, parse_drafter_spec, run_eval
+    from carryover_jax.loading import load_target
+
+    entries = [parse_drafter_spec(s) for s in args.drafter or []]
+    if not entries:
+        raise CarryoverError("give at least one --drafter LABEL=DIR[:carryover]")
+    target = load_target(args.target, dtype=args.dtype)
+    drafters = load_entries(target, entries, args.mask_token_id, dtype=args.dtype)
+    chat = not args.no_chat
+
+    def fits(p):
+        return len(target.encode(p.as_messages(), chat=chat)) <= args.max_prompt_tokens
+
+    prompts, skipped = load_prompts(args.datasets, limit=args.prompts_per_dataset, system=args.system,
+                                    heldout_per_mille=args.heldout_per_mille, fits=fits)
+    if any(skipped.values()):
+        print(f"eval: skipped prompts longer than {args.max_prompt_tokens} tokens: {skipped}", file=sys.stderr)
+    items = encode_items(target, prompts, chat=chat)
+    diagnostics = None
+    if args.diagnostics:
+        from carryover_jax.eval.diagnostics import run_diagnostics
+
+        per_ds: dict[str, int] = {}
+        diag_items = []
+        for it in items:
+            if per_ds.get(it.dataset, 0) < args.diagnostic_prompts:
+                diag_items.append(it)
+                per_ds[it.dataset] = per_ds.get(it.dataset, 0) + 1
+
+        def diagnostics():
+            return run_diagnostics(target, drafters, diag_items, max_new_tokens=args.max_new_tokens,
+                                   max_len=args.max_len, progress=not args.quiet)
+
+    result = run_eval(target, drafters, items, max_new_tokens=args.max_new_tokens, temperatures=args.temperatures,
+                      seeds=args.seeds, batch_sizes=args.batch_sizes, max_len=args.max_len,
+                      progress=not args.quiet, diagnostics=diagnostics)
+    result["config"].update(skipped_long_prompts=skipped, max_prompt_tokens=args.max_prompt_tokens,
+                            system=args.system, chat=chat)
+    out = write_outputs(result, args.out, plots=not args.no_plots)
+    from carryover_jax.eval.report import render_markdown
+
+    print(render_markdown(result))
+    ck = result["summary"]["check"]
+    if ck["mismatches"] or not ck.get("throughput_identical_to_ar", True):
+        print(f"eval: WARNING: speculative output differs from AR at T = 0: {ck['mismatches'][:5]}", file=sys.stderr)
+    print(f"eval: wrote {out}", file=sys.stderr)
+    return 0

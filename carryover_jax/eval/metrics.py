@@ -1,0 +1,160 @@
+"""Eval arithmetic on a decode log (pure Python, no JAX): τ, speedup, throughput, confidence intervals.
+
+A decode log is a list of records, one per (mode, temperature, seed, prompt) call at batch 1:
+
+    {"mode": "ar" | drafter label, "dataset": str, "prompt": str, "temperature": float, "seed": int,
+     "new_tokens": int, "time_s": float, "rounds": int | None, "accepted": [a_1, a_2, ...] | None,
+     "matches_ar": bool | None}
+
+Definitions (``shared/spec/carryover.md`` §4):
+- τ = mean of (a + 1) over all verification rounds, micro-averaged: Σ_rounds (a + 1) / #rounds over
+  every prompt of a dataset (or of the mix). `tau_committed` = Σ(new_tokens - 1) / #rounds instead counts
+  only tokens kept (the last round may be cut by a stop token or max_new_tokens; the first token comes
+  from the prefill).
+- speedup = AR time per output token / speculative time per output token, totals over the same prompts.
+- At T > 0 each seed is one full pass; the reported value is the mean over seeds with a two-sided
+  Student-t confidence interval (half-width) over the per-seed values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Iterable, Sequence
+
+# two-sided 95% Student-t quantiles t_{0.975}(df), df = 1..30
+_T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788,
+         2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639,
+         2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423)
+
+
+def t_quantile_975(df: int) -> float:
+    """t_{0.975}(df): table for df <= 30, Cornish-Fisher expansion beyond (error < 1e-4)."""
+    if df < 1:
+        raise ValueError("df must be >= 1")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and the half-width of its 95% Student-t interval (None for fewer than 2 values)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("no values")
+    m = sum(values) / n
+    if n < 2:
+        return m, None
+    var = sum((v - m) ** 2 for v in values) / (n - 1)
+    return m, t_quantile_975(n - 1) * math.sqrt(var / n)
+
+
+def tau(records: Iterable[dict]) -> float:
+    rounds = accepted = 0
+    for r in records:
+        rounds += len(r["accepted"])
+        accepted += sum(a + 1 for a in r["accepted"])
+    return accepted / rounds if rounds else float("nan")
+
+
+def tau_committed(records: Iterable[dict]) -> float:
+    records = list(records)
+    rounds = sum(r["rounds"] for r in records)
+    return sum(r["new_tokens"] - 1 for r in records) / rounds if rounds else float("nan")
+
+
+def time_per_token(records: Iterable[dict]) -> float:
+    records = list(records)
+    return sum(r["time_s"] for r in records) / max(sum(r["new_tokens"] for r in records), 1)
+
+
+def speedup(ar_records: Iterable[dict], spec_records: Iterable[dict]) -> float:
+    return time_per_token(ar_records) / time_per_token(spec_records)
+
+
+def accept_histogram(records: Iterable[dict], num_proposals: int) -> list[int]:
+    """Counts of accepted drafts a = 0..P over all rounds."""
+    c = Counter(a for r in records for a in r["accepted"])
+    return [c.get(a, 0) for a in range(num_proposals + 1)]
+
+
+def rel_gain(new: float, ref: float) -> float:
+    return 100.0 * (new / ref - 1.0)
+
+
+def _select(log, **kw):
+    return [r for r in log if all(k not in kw or kw[k] is None or r[k] == kw[k] for k in kw)]
+
+
+def summarize(log: list[dict], drafters: list[dict]) -> dict[str, Any]:
+    """Everything the report shows, from the log alone.
+
+    `drafters`: [{"label", "carryover", "num_proposals", ...}]. Returns
+    {"temperatures": {T: {"datasets": {name: {"ar": {...}, label: {...}}}, "gains": [...]}},
+     "check": {...}}, with "all" the micro-average over the mix of datasets.
+    """
+    labels = [d["label"] for d in drafters]
+    datasets = list(dict.fromkeys(r["dataset"] for r in log))
+    out: dict[str, Any] = {"temperatures": {}}
+    for T in sorted({r["temperature"] for r in log}):
+        seeds = sorted({r["seed"] for r in log if r["temperature"] == T})
+        per_ds: dict[str, Any] = {}
+        for ds in datasets + ["all"]:
+            dsel = None if ds == "all" else ds
+            cell: dict[str, Any] = {}
+            ar_by_seed = {s: _select(log, mode="ar", temperature=T, seed=s, dataset=dsel) for s in seeds}
+            ar_tps = [sum(r["new_tokens"] for r in v) / max(sum(r["time_s"] for r in v), 1e-12)
+                      for v in ar_by_seed.values() if v]
+            if not ar_tps:
+                continue
+            m, ci = mean_ci(ar_tps)
+            cell["ar"] = {"tokens_per_s": m, "tokens_per_s_ci": ci, "prompts": len(ar_by_seed[seeds[0]])}
+            for d in drafters:
+                taus, taus_c, speeds, tps = [], [], [], []
+                for s in seeds:
+                    recs = _select(log, mode=d["label"], temperature=T, seed=s, dataset=dsel)
+                    if not recs:
+                        continue
+                    taus.append(tau(recs))
+                    taus_c.append(tau_committed(recs))
+                    tps.append(sum(r["new_tokens"] for r in recs) / max(sum(r["time_s"] for r in recs), 1e-12))
+                    if ar_by_seed[s]:
+                        speeds.append(speedup(ar_by_seed[s], recs))
+                if not taus:
+                    continue
+                t, t_ci = mean_ci(taus)
+                sp, sp_ci = mean_ci(speeds) if speeds else (None, None)
+                tp, tp_ci = mean_ci(tps)
+                recs = _select(log, mode=d["label"], temperature=T, dataset=dsel)
+                cell[d["label"]] = {
+                    "tau": t, "tau_ci": t_ci, "tau_per_seed": taus, "tau_committed": mean_ci(taus_c)[0],
+                    "speedup": sp, "speedup_ci": sp_ci, "speedup_per_seed": speeds,
+                    "tokens_per_s": tp, "tokens_per_s_ci": tp_ci,
+                    "rounds": sum(r["rounds"] for r in recs), "seeds": len(taus),
+                    "accept_histogram": accept_histogram(recs, d["num_proposals"]),
+                }
+            per_ds[ds] = cell
+        gains = []
+        for c in (d for d in drafters if d["carryover"]):
+            for b in (d for d in drafters if not d["carryover"]):
+                g = {"label": c["label"], "vs": b["label"], "datasets": {}}
+                for ds, cell in per_ds.items():
+                    if c["label"] in cell and b["label"] in cell:
+                        x, y = cell[c["label"]], cell[b["label"]]
+                        g["datasets"][ds] = {
+                            "tau_pct": rel_gain(x["tau"], y["tau"]),
+                            "speedup_pct": rel_gain(x["speedup"], y["speedup"]) if x["speedup"] and y["speedup"] else None,
+                        }
+                gains.append(g)
+        out["temperatures"][_tkey(T)] = {"seeds": seeds, "datasets": per_ds, "gains": gains}
+    checked = _select(log, temperature=0.0)
+    checked = [r for r in checked if r["mode"] != "ar"]
+    bad = [f"{r['mode']}/{r['dataset']}/{r['prompt']}" for r in checked if r.get("matches_ar") is False]
+    out["check"] = {"sequences": len(checked), "identical_to_ar": len(checked) - len(bad), "mismatches": bad,
+                    "drafters": labels}
+    return out
+
+
+def _tkey(T: float) -> str:
+    return f"{float(T):g}"

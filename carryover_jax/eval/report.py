@@ -1,0 +1,141 @@
+"""Markdown report of an eval result (shaped like the paper's Table 1), rendered from the stored JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _num(x, digits=2, ci=None, suffix=""):
+    if x is None:
+        return "-"
+    s = f"{x:.{digits}f}{suffix}"
+    if ci is not None:
+        s += f" ± {ci:.{digits}f}"
+    return s
+
+
+def _pct(x):
+    return "-" if x is None else f"{x:+.1f}%"
+
+
+def summary_of(result: dict[str, Any]) -> dict[str, Any]:
+    """The stored summary, or one recomputed from the log (a result written without it)."""
+    from carryover_jax.eval.metrics import summarize
+
+    s = result.get("summary")
+    if not s:
+        s = summarize(result["log"], result["drafters"])
+        if result.get("throughput"):
+            s["check"]["throughput_identical_to_ar"] = all(r["identical_to_ar"] for r in result["throughput"])
+    return s
+
+
+def _main_table(summary, drafters, metric: str, title: str, digits: int, suffix: str = "") -> list[str]:
+    labels = [d["label"] for d in drafters]
+    gains = []
+    for T, tb in summary["temperatures"].items():
+        for g in tb["gains"]:
+            if (g["label"], g["vs"]) not in gains:
+                gains.append((g["label"], g["vs"]))
+    head = ["dataset", "T"] + labels + [f"{c} vs {b}" for c, b in gains]
+    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for T, tb in summary["temperatures"].items():
+        gmap = {(g["label"], g["vs"]): g["datasets"] for g in tb["gains"]}
+        for ds, cell in tb["datasets"].items():
+            row = [f"**{ds}**" if ds == "all" else ds, T]
+            for lab in labels:
+                c = cell.get(lab)
+                row.append(_num(c[metric], digits, c.get(f"{metric}_ci"), suffix) if c else "-")
+            for key in gains:
+                row.append(_pct(gmap.get(key, {}).get(ds, {}).get(f"{metric}_pct")))
+            lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    summary = summary_of(result)
+    drafters = result["drafters"]
+    cfg = result.get("config", {})
+    L: list[str] = ["# carryover eval", ""]
+    L.append(f"- target: `{result.get('target')}`; device: {result.get('device', '?')}; started {result.get('started', '?')}")
+    L.append(f"- max_new_tokens {cfg.get('max_new_tokens')}; temperatures {cfg.get('temperatures')}; "
+             f"seeds at T > 0: {cfg.get('seeds')}; prompts per dataset: {cfg.get('datasets')}")
+    for d in drafters:
+        L.append(f"- drafter **{d['label']}**: `{d['path']}` ({d.get('kind')}/{d.get('layout')}, "
+                 f"{d['num_proposals']} proposals, MASK {d.get('mask_token_id')}), carried rows "
+                 f"{'ON' if d['carryover'] else 'off'}")
+    L += ["", "τ = mean of (accepted + 1) over all verification rounds, micro-averaged over the prompts of a "
+              "dataset (**all** = the mix). Speedup = AR time per output token / speculative time per output "
+              "token, same prompts, batch 1, same run (compile time excluded). At T > 0: mean over seeds "
+              "± the half-width of a 95% Student-t interval. Gains are relative (Carryover arm vs each arm "
+              "without carried rows).", ""]
+    L += _main_table(summary, drafters, "tau", "Acceptance length τ", 3)
+    L.append("")
+    L += _main_table(summary, drafters, "speedup", "Speedup over AR (batch 1)", 2, "x")
+    L.append("")
+
+    ck = summary["check"]
+    L.append("### Losslessness check (T = 0)")
+    L.append("")
+    if ck["sequences"] == 0:
+        L.append("No T = 0 pass was run: nothing was checked against AR decoding.")
+    elif not ck["mismatches"]:
+        L.append(f"All {ck['sequences']} speculative sequences at T = 0 ({len(ck['drafters'])} drafters) are "
+                 "token-identical to the AR sequences of the same run.")
+    else:
+        L.append(f"**{len(ck['mismatches'])} of {ck['sequences']} speculative sequences at T = 0 differ from AR**: "
+                 + ", ".join(ck["mismatches"][:20]) + (" …" if len(ck["mismatches"]) > 20 else ""))
+    if "throughput_identical_to_ar" in ck and result.get("throughput"):
+        L.append(f"Throughput batches identical to AR: {'yes' if ck['throughput_identical_to_ar'] else '**NO**'}.")
+    L.append("")
+
+    tp = result.get("throughput") or []
+    if tp:
+        labels = [d["label"] for d in drafters]
+        L += ["### Throughput (output tokens/s, T = 0)", "",
+              "| batch | AR | " + " | ".join(labels) + " |", "|" + "---|" * (2 + len(labels))]
+        for r in tp:
+            L.append(f"| {r['batch']} | {r['ar']:.1f} | " + " | ".join(
+                f"{r[lab]:.1f} ({r[lab] / r['ar']:.2f}x)" for lab in labels) + " |")
+        L.append("")
+
+    L += ["### Accepted drafts per round (T = 0, all datasets)", "",
+          "| drafter | rounds | mean accepted | a = 0 | a = P |", "|---|---|---|---|---|"]
+    t0 = summary["temperatures"].get("0", {}).get("datasets", {}).get("all", {})
+    for d in drafters:
+        c = t0.get(d["label"])
+        if not c:
+            continue
+        h = c["accept_histogram"]
+        n = max(sum(h), 1)
+        mean = sum(a * k for a, k in enumerate(h)) / n
+        L.append(f"| {d['label']} | {sum(h)} | {mean:.3f} | {100 * h[0] / n:.1f}% | {100 * h[-1] / n:.1f}% |")
+    L.append("")
+
+    diag = result.get("diagnostics")
+    if diag:
+        L += render_diagnostics(diag)
+    L.append("Plots: `tau.png` (τ per dataset per drafter), `throughput.png` (throughput vs batch), "
+             "`accept_lengths.png` (distribution of accepted lengths)"
+             + (", `diagnostics.png` (ON/OFF replay, re-convergence)" if diag else "") + ".")
+    return "\n".join(L) + "\n"
+
+
+def render_diagnostics(diag: dict[str, Any]) -> list[str]:
+    L = ["### Diagnostics (T = 0)", ""]
+    for lab, rep in diag.get("replay", {}).items():
+        L += [f"ON/OFF replay, drafter **{lab}** ({rep['rounds']} rounds with carried rows; same weights and "
+              "anchors, carried rows supplied vs withheld; target-token recall per proposal slot):", "",
+              "| slot | " + " | ".join(str(i + 1) for i in range(len(rep["recall1_on"]))) + " |",
+              "|---|" + "---|" * len(rep["recall1_on"])]
+        for key, name in (("recall1_on", "R@1 ON"), ("recall1_off", "R@1 OFF"),
+                          ("recall16_on", "R@16 ON"), ("recall16_off", "R@16 OFF")):
+            L.append(f"| {name} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in rep[key]) + " |")
+        L.append("")
+    for lab, rc in diag.get("reconvergence", {}).items():
+        L.append(f"Re-convergence, drafter **{lab}**: {rc['rejections']} rejected branches; "
+                 f"{100 * rc['reappear_rate']:.1f}% of the rejected suffix tokens after the first reappear in "
+                 f"the next {rc['window']} committed tokens; position-aligned at offset 1..: "
+                 + ", ".join("-" if v is None else f"{v:.3f}" for v in rc["aligned_by_offset"][:8]) + ".")
+    L.append("")
+    return L

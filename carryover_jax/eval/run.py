@@ -1,0 +1,259 @@
+"""`carryover eval`: one target, several drafters, the same prompts, one run.
+
+Passes (every call at batch 1, prompt by prompt, timed after an untimed compile call per new shape):
+- for each temperature T and seed (one seed at T = 0): AR, then every drafter entry, on every prompt.
+  At T = 0 every speculative sequence is compared token by token with the AR sequence.
+- throughput at each batch size (T = 0, prompts cycled to fill the batch): AR and every drafter.
+The log (one record per call, `metrics` module) is the ground truth; the summary, the Markdown table and
+the plots are derived from it and can be re-rendered from the stored JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from carryover_jax.errors import CarryoverError
+
+RESERVED_LABELS = ("ar", "all")
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterEntry:
+    """One arm of the eval: a label, a drafter folder, and whether it decodes with carried rows."""
+
+    label: str
+    path: str
+    carryover: bool = False
+
+
+def parse_drafter_spec(spec: str) -> DrafterEntry:
+    """``LABEL=DIR`` (decodes without carried rows) or ``LABEL=DIR:carryover`` (attends to them)."""
+    label, sep, rest = spec.partition("=")
+    if not sep or not label or not rest:
+        raise CarryoverError(f"--drafter {spec!r}: use LABEL=DIR or LABEL=DIR:carryover")
+    if label in RESERVED_LABELS:
+        raise CarryoverError(f"--drafter {spec!r}: the label {label!r} is reserved")
+    carry = rest.endswith(":carryover")
+    path = rest[: -len(":carryover")] if carry else rest
+    if not path:
+        raise CarryoverError(f"--drafter {spec!r}: no drafter folder")
+    return DrafterEntry(label, path, carry)
+
+
+def check_drafter(label: str, cfg, target_cfg, mask_token_id: int | None) -> None:
+    """One-line refusal of a drafter built for another target or another MASK row."""
+    from carryover_jax.models.drafter import check_pair
+
+    try:
+        check_pair(cfg, target_cfg)
+    except CarryoverError as e:
+        raise CarryoverError(f"drafter {label}: {e}") from None
+    if mask_token_id is not None and cfg.mask_token_id != mask_token_id:
+        raise CarryoverError(f"drafter {label}: MASK token id {cfg.mask_token_id} does not match the target's "
+                             f"MASK id {mask_token_id}")
+
+
+def load_entries(target, entries: Sequence[DrafterEntry], mask_token_id: int | None = None, dtype=None):
+    """Load every drafter (carryover as the entry asks) and check it against the target and the MASK id.
+
+    `mask_token_id=None`: the target's default MASK row when it has one, else the drafters must agree."""
+    from carryover_jax.loading import default_mask_token_id, load_drafter
+
+    if not entries:
+        raise CarryoverError("give at least one --drafter LABEL=DIR[:carryover]")
+    labels = [e.label for e in entries]
+    if len(set(labels)) != len(labels):
+        raise CarryoverError(f"duplicate drafter labels: {labels}")
+    if mask_token_id is None:
+        try:
+            mask_token_id = default_mask_token_id(target)
+        except CarryoverError:
+            mask_token_id = None
+    out = []
+    for e in entries:
+        if not Path(e.path).exists():
+            raise CarryoverError(f"drafter {e.label}: no such folder {e.path}")
+        d = load_drafter(e.path, carryover=e.carryover, dtype=dtype)
+        check_drafter(e.label, d.cfg, target.cfg, mask_token_id)
+        if mask_token_id is None:
+            mask_token_id = d.cfg.mask_token_id  # tokenizer-less target: the first drafter sets it
+        out.append((e, d))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    dataset: str
+    id: str
+    ids: tuple[int, ...]
+
+
+def encode_items(target, prompts, *, chat: bool = True) -> list[Item]:
+    """EvalPrompts -> token ids through the target's chat template."""
+    return [Item(p.dataset, p.id, tuple(target.encode(p.as_messages(), chat=chat))) for p in prompts]
+
+
+def drafter_info(entry: DrafterEntry, d) -> dict[str, Any]:
+    c = d.cfg
+    return {"label": entry.label, "path": str(entry.path), "carryover": entry.carryover, "kind": c.kind,
+            "layout": c.layout, "num_proposals": c.num_proposals, "mask_token_id": c.mask_token_id,
+            "num_layers": c.backbone.num_layers, "target_layer_ids": list(c.target_layer_ids)}
+
+
+class _Runner:
+    """Calls AR / speculative decoding; an untimed call first for every new compiled shape."""
+
+    def __init__(self, target, drafters, *, max_new_tokens, max_len, stop_token_ids, top_k, top_p):
+        self.target, self.drafters = target, dict((e.label, (e, d)) for e, d in drafters)
+        self.kw = dict(max_new_tokens=max_new_tokens, max_len=max_len, stop_token_ids=stop_token_ids,
+                       top_k=top_k, top_p=top_p)
+        self.seen: set = set()
+
+    def _key(self, mode, batch, temperature):
+        from carryover_jax.decode.generate import plan_lengths
+
+        lens = [len(x) for x in batch]
+        extra = 0 if mode == "ar" else self.drafters[mode][1].cfg.num_proposals + 1
+        m = self.kw["max_new_tokens"]
+        shape = plan_lengths(lens, [m + extra] * len(lens), self.kw["max_len"],
+                             self.target.cfg.max_position_embeddings)
+        return mode, len(batch), shape, temperature > 0
+
+    def __call__(self, mode, batch: list[list[int]], temperature: float, seed: int):
+        from carryover_jax.decode.generate import generate, speculative_generate
+
+        def call():
+            if mode == "ar":
+                res = generate(self.target, batch, temperature=temperature, seed=seed, chat=False, **self.kw)
+                return res, {"time_s": res[0].stats["time_s"]}
+            e, d = self.drafters[mode]
+            return speculative_generate(self.target, d, batch, carryover=e.carryover, temperature=temperature,
+                                        seed=seed, chat=False, **self.kw)
+
+        key = self._key(mode, batch, temperature)
+        if key not in self.seen:
+            call()  # compile for these shapes (not timed)
+            self.seen.add(key)
+        return call()
+
+
+def run_eval(target, drafters, items: Sequence[Item], *, max_new_tokens: int = 128,
+             temperatures: Sequence[float] = (0.0, 1.0), seeds: int = 3, batch_sizes: Sequence[int] = (1, 2, 4, 8),
+             max_len: int | None = None, stop_token_ids=None, top_k: int = 0, top_p: float = 1.0,
+             progress: bool = True, diagnostics: Callable | None = None) -> dict[str, Any]:
+    """Run every pass and return the full result (config, drafters, log, throughput, summary)."""
+    from tqdm import tqdm
+
+    from carryover_jax.eval.metrics import summarize
+
+    if not items:
+        raise CarryoverError("no prompts")
+    if seeds < 1:
+        raise CarryoverError("--seeds must be >= 1")
+    run = _Runner(target, drafters, max_new_tokens=max_new_tokens, max_len=max_len, stop_token_ids=stop_token_ids,
+                  top_k=top_k, top_p=top_p)
+    labels = [e.label for e, _ in drafters]
+    passes = [(float(T), s) for T in temperatures for s in (range(seeds) if T > 0 else [0])]
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    log: list[dict] = []
+    bar = tqdm(total=len(passes) * len(items), desc="eval prompts", unit="prompt", disable=not progress)
+    for T, seed in passes:
+        bar.set_postfix_str(f"T={T:g} seed={seed}")
+        for i, it in enumerate(items):
+            s = seed * 100_003 + i  # a different stream per prompt, the same for every mode
+            res, stats = run("ar", [list(it.ids)], T, s)
+            ref = res[0].token_ids
+            log.append({"mode": "ar", "dataset": it.dataset, "prompt": it.id, "temperature": T, "seed": seed,
+                        "new_tokens": len(ref), "time_s": stats["time_s"], "rounds": None, "accepted": None,
+                        "matches_ar": None})
+            for label in labels:
+                res, stats = run(label, [list(it.ids)], T, s)
+                g = res[0]
+                log.append({"mode": label, "dataset": it.dataset, "prompt": it.id, "temperature": T, "seed": seed,
+                            "new_tokens": len(g.token_ids), "time_s": stats["time_s"], "rounds": g.stats["rounds"],
+                            "accepted": g.stats["accepted_per_round"],
+                            "matches_ar": (g.token_ids == ref) if T == 0 else None})
+            bar.update()
+    bar.close()
+
+    throughput = []
+    if batch_sizes:
+        tb = tqdm(total=len(batch_sizes) * (1 + len(labels)), desc="eval throughput", disable=not progress)
+        for b in batch_sizes:
+            batch = [list(items[i % len(items)].ids) for i in range(b)]
+            row: dict[str, Any] = {"batch": b}
+            res, stats = run("ar", batch, 0.0, 0)
+            ref = [r.token_ids for r in res]
+            row["ar"] = sum(map(len, ref)) / max(stats["time_s"], 1e-12)
+            tb.update()
+            same = True
+            for label in labels:
+                res, stats = run(label, batch, 0.0, 0)
+                row[label] = sum(len(r.token_ids) for r in res) / max(stats["time_s"], 1e-12)
+                same &= [r.token_ids for r in res] == ref
+                tb.update()
+            row["identical_to_ar"] = same
+            throughput.append(row)
+        tb.close()
+
+    infos = [drafter_info(e, d) for e, d in drafters]
+    result = {
+        "version": 1, "started": started,
+        "target": str(getattr(target, "path", None)),
+        "config": {"max_new_tokens": max_new_tokens, "temperatures": [float(t) for t in temperatures],
+                   "seeds": seeds, "batch_sizes": list(batch_sizes), "max_len": max_len, "top_k": top_k,
+                   "top_p": top_p, "datasets": {ds: sum(1 for it in items if it.dataset == ds)
+                                                for ds in dict.fromkeys(it.dataset for it in items)}},
+        "device": _device(),
+        "drafters": infos, "log": log, "throughput": throughput,
+    }
+    if diagnostics is not None:
+        result["diagnostics"] = diagnostics()
+    result["summary"] = summarize(log, infos)
+    result["summary"]["check"]["throughput_identical_to_ar"] = all(r["identical_to_ar"] for r in throughput)
+    return result
+
+
+def _device() -> str:
+    import jax
+
+    d = jax.devices()[0]
+    return f"{d.platform}:{getattr(d, 'device_kind', '')} x{jax.device_count()}"
+
+
+def write_outputs(result: dict[str, Any], out: str | Path, *, plots: bool = True) -> Path:
+    """results.json, report.md and the PNGs, written into `out` atomically (all or nothing)."""
+    import json
+
+    from carryover_jax.eval.report import render_markdown
+    from carryover_jax.io import atomic_dir
+
+    def write(tmp: Path):
+        (tmp / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+        (tmp / "report.md").write_text(render_markdown(result))
+        if plots:
+            from carryover_jax.eval.plots import write_plots
+
+            write_plots(result, tmp)
+
+    return atomic_dir(out, write)
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    import json
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.json"
+    if not p.is_file():
+        raise CarryoverError(f"{p}: no such results file")
+    try:
+        result = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise CarryoverError(f"{p}: not valid JSON ({e.msg})") from None
+    if not isinstance(result, dict) or "log" not in result or "drafters" not in result:
+        raise CarryoverError(f"{p}: not a carryover eval result (no log/drafters)")
+    return result

@@ -1,0 +1,199 @@
+"""carryover eval: metric arithmetic on a synthetic decode log, report rendering from a stored JSON,
+drafter/target/MASK refusal, and a tiny end-to-end run (T = 0 sequences checked against AR)."""
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from carryover_jax.errors import CarryoverError
+from carryover_jax.eval import metrics as M
+
+
+def _rec(mode, ds, prompt, T, seed, new_tokens, time_s, accepted=None, matches=None):
+    return {"mode": mode, "dataset": ds, "prompt": prompt, "temperature": T, "seed": seed, "new_tokens": new_tokens,
+            "time_s": time_s, "rounds": None if accepted is None else len(accepted), "accepted": accepted,
+            "matches_ar": matches}
+
+
+DRAFTERS = [{"label": "baseline", "path": "b", "carryover": False, "num_proposals": 4},
+            {"label": "carry", "path": "c", "carryover": True, "num_proposals": 4}]
+
+
+def synthetic_log():
+    """Two datasets of two prompts at T = 0, and three seeds at T = 1 (one prompt each)."""
+    log = []
+    # T = 0. dataset a: p1 AR 10 tok / 1.0 s, p2 AR 6 tok / 0.5 s
+    log += [_rec("ar", "a", "p1", 0.0, 0, 10, 1.0), _rec("ar", "a", "p2", 0.0, 0, 6, 0.5)]
+    log += [_rec("baseline", "a", "p1", 0.0, 0, 10, 0.5, [1, 2, 3, 0], True),  # 4 rounds, Σ(a+1) = 10
+            _rec("baseline", "a", "p2", 0.0, 0, 6, 0.3, [4, 0], True)]  # 2 rounds, Σ(a+1) = 6
+    log += [_rec("carry", "a", "p1", 0.0, 0, 10, 0.4, [4, 4], True),  # 2 rounds, Σ = 10
+            _rec("carry", "a", "p2", 0.0, 0, 6, 0.25, [2, 2], False)]  # 2 rounds, Σ = 6
+    # dataset b: one prompt
+    log += [_rec("ar", "b", "q1", 0.0, 0, 8, 0.8),
+            _rec("baseline", "b", "q1", 0.0, 0, 8, 0.8, [0, 0, 0, 0, 0, 0, 0, 0], True),  # τ 1
+            _rec("carry", "b", "q1", 0.0, 0, 8, 0.2, [3, 3], True)]  # τ 4 (a+1 = 4 each)
+    # T = 1, dataset a, 3 seeds: carry τ = 2, 3, 4; baseline τ = 2 always; AR 1.0 s per 10 tokens
+    for seed, acc in enumerate(([1, 1, 1, 1, 1], [2, 2, 2], [3, 3])):
+        log += [_rec("ar", "a", "p1", 1.0, seed, 10, 1.0),
+                _rec("baseline", "a", "p1", 1.0, seed, 10, 0.5, [1] * 5),
+                _rec("carry", "a", "p1", 1.0, seed, 10, 0.25 * (seed + 1), acc)]
+    return log
+
+
+def test_tau_speedup_and_ci_on_a_synthetic_log():
+    from scipy import stats
+
+    log = synthetic_log()
+    s = M.summarize(log, DRAFTERS)
+    t0 = s["temperatures"]["0"]["datasets"]
+    assert t0["a"]["baseline"]["tau"] == pytest.approx(16 / 6)
+    assert t0["a"]["carry"]["tau"] == pytest.approx(16 / 4)
+    assert t0["b"]["baseline"]["tau"] == pytest.approx(1.0)
+    # micro-average over the mix: all rounds pooled, not a mean of dataset means
+    assert t0["all"]["baseline"]["tau"] == pytest.approx((16 + 8) / (6 + 8))
+    assert t0["all"]["carry"]["tau"] == pytest.approx((16 + 8) / (4 + 2))
+    # committed-token τ: (new_tokens - 1) per round
+    assert t0["a"]["carry"]["tau_committed"] == pytest.approx((9 + 5) / 4)
+    # speedup = AR time/token over spec time/token, totals over the dataset's prompts
+    assert t0["a"]["baseline"]["speedup"] == pytest.approx((1.5 / 16) / (0.8 / 16))
+    assert t0["all"]["carry"]["speedup"] == pytest.approx((2.3 / 24) / (0.85 / 24))
+    assert t0["a"]["baseline"]["tau_ci"] is None  # one pass at T = 0
+    assert t0["a"]["carry"]["accept_histogram"] == [0, 0, 2, 0, 2]
+    # relative gains of the Carryover arm over the arm without carried rows
+    g = s["temperatures"]["0"]["gains"][0]
+    assert (g["label"], g["vs"]) == ("carry", "baseline")
+    assert g["datasets"]["a"]["tau_pct"] == pytest.approx(100 * (4 / (16 / 6) - 1))
+    # T = 1: mean over seeds with a Student-t 95% interval
+    t1 = s["temperatures"]["1"]["datasets"]["a"]["carry"]
+    taus = [2.0, 3.0, 4.0]
+    assert t1["tau_per_seed"] == pytest.approx(taus)
+    assert t1["tau"] == pytest.approx(3.0)
+    half = stats.t.ppf(0.975, 2) * np.std(taus, ddof=1) / math.sqrt(3)
+    assert t1["tau_ci"] == pytest.approx(half, rel=1e-4)
+    speeds = [(1.0 / 10) / (0.25 * k / 10) for k in (1, 2, 3)]
+    assert t1["speedup"] == pytest.approx(np.mean(speeds))
+    assert t1["speedup_ci"] == pytest.approx(stats.t.ppf(0.975, 2) * np.std(speeds, ddof=1) / math.sqrt(3), rel=1e-4)
+    assert s["temperatures"]["1"]["datasets"]["a"]["baseline"]["tau_ci"] == pytest.approx(0.0)
+    # the losslessness check counts T = 0 speculative sequences only
+    assert s["check"]["sequences"] == 6 and s["check"]["mismatches"] == ["carry/a/p2"]
+
+
+def test_t_quantiles_match_scipy():
+    from scipy import stats
+
+    for df in list(range(1, 40)) + [50, 100, 1000]:
+        assert M.t_quantile_975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=2e-4)
+    assert M.mean_ci([3.0]) == (3.0, None)
+
+
+def _stored_result(log=None):
+    return {"version": 1, "target": "tiny", "device": "cpu", "drafters": DRAFTERS, "log": log or synthetic_log(),
+            "config": {"max_new_tokens": 10, "temperatures": [0.0, 1.0], "seeds": 3, "datasets": {"a": 2, "b": 1}},
+            "throughput": [{"batch": 1, "ar": 10.0, "baseline": 12.0, "carry": 15.0, "identical_to_ar": True},
+                           {"batch": 2, "ar": 18.0, "baseline": 20.0, "carry": 27.0, "identical_to_ar": True}]}
+
+
+def test_report_renders_from_a_stored_json(tmp_path, capsys):
+    from carryover_jax.cli import main
+
+    src = tmp_path / "stored.json"
+    src.write_text(json.dumps(_stored_result()))
+    assert main(["eval", "--from-json", str(src), "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "| dataset | T | baseline | carry | carry vs baseline |" in md
+    assert "| a | 0 | 2.667 | 4.000 | +50.0% |" in md  # τ table
+    assert "| a | 1 | 2.000 ± 0.000 | 3.000 ± 2.484 | +50.0% |" in md  # mean ± CI over seeds
+    assert "| 2 | 18.0 | 20.0 (1.11x) | 27.0 (1.50x) |" in md  # throughput
+    assert "1 of 6 speculative sequences at T = 0 differ from AR" in md and "carry/a/p2" in md
+    for png in ("tau.png", "throughput.png", "accept_lengths.png"):
+        assert (tmp_path / "rep" / png).stat().st_size > 1000
+    stored = json.loads((tmp_path / "rep" / "results.json").read_text())
+    assert stored["log"] == _stored_result()["log"]
+
+
+def test_bad_results_file_is_one_line_error(tmp_path, capsys):
+    from carryover_jax.cli import main
+
+    (tmp_path / "x.json").write_text("{}")
+    assert main(["eval", "--from-json", str(tmp_path / "x.json"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("carryover eval: error:") and "\n" not in err
+    assert main(["eval", "--drafter", "ar=/x", "--out", str(tmp_path / "o")]) == 2
+    assert "reserved" in capsys.readouterr().err
+
+
+def test_drafter_spec_parsing():
+    from carryover_jax.eval.run import parse_drafter_spec
+
+    e = parse_drafter_spec("carryover=/a/b:carryover")
+    assert (e.label, e.path, e.carryover) == ("carryover", "/a/b", True)
+    e = parse_drafter_spec("control=/a/b")
+    assert (e.label, e.path, e.carryover) == ("control", "/a/b", False)
+    with pytest.raises(CarryoverError, match="LABEL=DIR"):
+        parse_drafter_spec("/a/b")
+
+
+# ---- tiny models -------------------------------------------------------------------------------------
+def _save_drafter(target, path, *, mask=4, carryover=True, seed=0, hidden=None):
+    from carryover_jax.config import DrafterConfig
+    from carryover_jax.models.drafter import init_drafter_params
+    from carryover_jax.weights.drafter_formats import save_drafter
+
+    tcfg = target.cfg if hidden is None else target.cfg.replace(hidden_size=hidden)
+    cfg = DrafterConfig.for_target(tcfg, kind="dflash", layout="zlab", num_proposals=4, num_layers=1,
+                                   mask_token_id=mask, target_layer_ids=(0, 1), carryover=carryover)
+    params = init_drafter_params(cfg, jax.random.key(seed))
+    if carryover:
+        params["e_rej"] = jax.numpy.asarray(np.random.default_rng(seed).standard_normal(cfg.hidden_size), np.float32)
+    save_drafter(cfg, params, path)
+    return str(path)
+
+
+def test_eval_refuses_a_drafter_for_another_target_or_mask(tiny_llama, tmp_path):
+    from carryover_jax import load_target
+    from carryover_jax.eval.run import DrafterEntry, load_entries
+
+    target = load_target(tiny_llama.path, tokenizer=False)
+    good = _save_drafter(target, tmp_path / "good", mask=4)
+    other_mask = _save_drafter(target, tmp_path / "mask", mask=7)
+    wide = _save_drafter(target, tmp_path / "wide", hidden=32)
+    with pytest.raises(CarryoverError) as e:
+        load_entries(target, [DrafterEntry("b", good), DrafterEntry("c", other_mask, True)], mask_token_id=4)
+    assert str(e.value) == "drafter c: MASK token id 7 does not match the target's MASK id 4"
+    with pytest.raises(CarryoverError) as e:  # no target default: the drafters must agree with the first one
+        load_entries(target, [DrafterEntry("b", good), DrafterEntry("c", other_mask)])
+    assert "\n" not in str(e.value) and "MASK token id 7" in str(e.value)
+    with pytest.raises(CarryoverError) as e:
+        load_entries(target, [DrafterEntry("w", wide)], mask_token_id=4)
+    assert str(e.value).startswith("drafter w: drafter/target mismatch") and "\n" not in str(e.value)
+
+
+def test_eval_end_to_end_on_tiny_models(tiny_llama, tmp_path):
+    from carryover_jax import load_target
+    from carryover_jax.eval.report import render_markdown
+    from carryover_jax.eval.run import DrafterEntry, Item, load_entries, run_eval, write_outputs
+
+    target = load_target(tiny_llama.path, tokenizer=False)
+    base = _save_drafter(target, tmp_path / "base", carryover=False, seed=1)
+    carry = _save_drafter(target, tmp_path / "carry", carryover=True, seed=2)
+    drafters = load_entries(target, [DrafterEntry("baseline", base), DrafterEntry("carryover", carry, True)],
+                            mask_token_id=4)
+    rng = np.random.default_rng(0)
+    items = [Item("x", "p0", tuple(rng.integers(3, 97, 6).tolist())),
+             Item("y", "p1", tuple(rng.integers(3, 97, 11).tolist()))]
+    result = run_eval(target, drafters, items, max_new_tokens=12, temperatures=(0.0,), seeds=1, batch_sizes=(2,),
+                      stop_token_ids=[], progress=False)
+    log = result["log"]
+    assert len(log) == 2 * 3
+    assert all(r["matches_ar"] for r in log if r["mode"] != "ar")
+    s = result["summary"]
+    assert s["check"]["identical_to_ar"] == 4 and s["check"]["throughput_identical_to_ar"]
+    for lab in ("baseline", "carryover"):
+        c = s["temperatures"]["0"]["datasets"]["all"][lab]
+        assert c["tau"] >= 1.0 and c["speedup"] > 0 and sum(c["accept_histogram"]) == c["rounds"]
+    out = write_outputs(result, tmp_path / "eval")
+    assert "All 4 speculative sequences at T = 0 (2 drafters) are token-identical" in (out / "report.md").read_text()
+    assert render_markdown(json.loads((out / "results.json").read_text())) == (out / "report.md").read_text()
