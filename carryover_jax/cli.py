@@ -73,7 +73,10 @@ def _cmd_init_drafter(args) -> int:
     from carryover_jax.weights.drafter_formats import save_drafter
 
     target = load_target(args.target)
-    ids = tuple(int(x) for x in args.layer_ids.split(",")) if args.layer_ids else None
+    try:
+        ids = tuple(int(x) for x in args.layer_ids.split(",")) if args.layer_ids else None
+    except ValueError:
+        raise CarryoverError(f"--layer-ids must be comma-separated integers, got {args.layer_ids!r}") from None
     d = init_drafter(target, kind=args.kind, layout=args.layout, num_proposals=args.proposals,
                      num_layers=args.layers, target_layer_ids=ids, mask_token_id=args.mask_token_id,
                      carryover=not args.no_carryover, seed=args.seed)

@@ -7,27 +7,112 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 
-def atomic_dir(folder: str | os.PathLike, write: Callable[[Path], None]) -> Path:
-    """Fill a temporary sibling folder with `write(tmp)`, then rename it to `folder` (replacing it)."""
+TMP_TAG = ".tmp-"
+COMPLETE = ".complete"  # written last into an atomic folder: a folder without it is not trusted
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_tmp(folder: str | os.PathLike) -> list[Path]:
+    """Remove `.NAME.tmp-PID-*` / `.NAME.old-PID-*` siblings of `folder` left by a killed writer (PID gone)."""
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    removed = []
+    if not folder.parent.is_dir():
+        return removed
+    for tag in (TMP_TAG, ".old-"):
+        for p in folder.parent.glob(f".{folder.name}{tag}*"):
+            try:
+                pid = int(p.name[len(folder.name) + 1 + len(tag):].split("-")[0])
+            except ValueError:
+                continue
+            if pid != os.getpid() and not _pid_alive(pid):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+    return removed
+
+
+def is_complete(folder: str | os.PathLike) -> bool:
+    """Whether `folder` was finished by `atomic_dir` (holds its completion marker)."""
+    return (Path(folder) / COMPLETE).is_file()
+
+
+def atomic_dir(folder: str | os.PathLike, write: Callable[[Path], None], *,
+               replaces: Sequence[str] | None = None) -> Path:
+    """Fill a temporary sibling folder with `write(tmp)`, then rename it to `folder` (replacing it).
+
+    A writer killed at any point leaves either the previous complete folder or no folder at `folder`
+    (plus a hidden `.NAME.tmp-PID-*` sibling that the next writer removes). The files are fsynced
+    before the rename and a `.complete` marker is written last, so readers can tell a finished folder.
+    `replaces`: file names one of which an existing non-empty `folder` must hold to be replaced (so a
+    mistyped `--out ~/` is refused instead of deleted); None replaces anything.
+    """
+    from carryover_jax.errors import CarryoverError
+
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise CarryoverError(f"{folder} exists and is not a folder")
+    if replaces is not None and folder.is_dir() and any(folder.iterdir()) and not is_complete(folder) \
+            and not any((folder / n).exists() for n in replaces):
+        raise CarryoverError(
+            f"{folder} exists and does not hold a checkpoint written by carryover; refusing to replace it "
+            "(choose a new or empty folder)"
+        )
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CarryoverError(f"cannot create {folder.parent}: {e.strerror or e}") from None
+    clean_stale_tmp(folder)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}{TMP_TAG}{os.getpid()}-", dir=folder.parent))
+    aside = None
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint folder should be shareable
         write(tmp)
-        for p in tmp.iterdir():
-            os.chmod(p, 0o666 & ~umask)
+        for p in tmp.rglob("*"):
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
+            if p.is_file():
+                _fsync(p)
+        (tmp / COMPLETE).write_text("")
+        _fsync(tmp)
         if folder.exists():
-            shutil.rmtree(folder)
+            aside = folder.parent / f".{folder.name}.old-{os.getpid()}-{tmp.name[-8:]}"
+            os.replace(folder, aside)
         os.replace(tmp, folder)
+        _fsync(folder.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if aside is not None and aside.exists() and not folder.exists():
+            os.replace(aside, folder)  # put the previous complete folder back
+            aside = None
         raise
+    finally:
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
     return folder
 
 
@@ -35,10 +120,37 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def read_json(path: str | os.PathLike, what: str = "file", *, expect: type = dict, error=None) -> Any:
+    """Parse a JSON file; a missing, empty, unreadable or malformed file (or one whose top level is not
+    `expect`) raises `error` (a CarryoverError subclass) with one line naming the file."""
+    from carryover_jax.errors import CarryoverError
+
+    error = error or CarryoverError
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"missing {what} {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"cannot read {what} {path} ({getattr(e, 'strerror', None) or e})") from None
+    if not text.strip():
+        raise error(f"empty {what} {path}")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"invalid JSON in {what} {path} ({e.msg} at line {e.lineno})") from None
+    if expect is not None and not isinstance(obj, expect):
+        raise error(f"{what} {path} holds a JSON {type(obj).__name__}, expected a {expect.__name__}")
+    return obj

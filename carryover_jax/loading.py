@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from carryover_jax.config import TargetConfig
-from carryover_jax.errors import CarryoverError, CheckpointError
+from carryover_jax.errors import CarryoverError, CheckpointError, first_line
+from carryover_jax.io import read_json
 from carryover_jax.models.target import TargetLM, abstract_params
 from carryover_jax.weights.hf import load_params, read_config
 from carryover_jax.weights.registry import resolve_target
@@ -60,9 +61,12 @@ def _stop_ids(folder: Path, hf_cfg: dict, tokenizer) -> tuple[int, ...]:
                 ids.append(int(i))
 
     gen = folder / "generation_config.json"
-    if gen.exists():
-        add(json.loads(gen.read_text()).get("eos_token_id"))
-    add(hf_cfg.get("eos_token_id"))
+    try:
+        if gen.exists():
+            add(read_json(gen, "generation config", error=CheckpointError).get("eos_token_id"))
+        add(hf_cfg.get("eos_token_id"))
+    except (TypeError, ValueError):
+        raise CheckpointError(f"eos_token_id must be an integer or a list of integers in {folder}") from None
     if tokenizer is not None:
         add(tokenizer.eos_token_id)
     return tuple(ids)
@@ -84,7 +88,7 @@ def load_target(
         overrides["dtype"] = dtype
     if param_dtype or dtype:
         overrides["param_dtype"] = param_dtype or dtype
-    cfg = TargetConfig.from_hf(hf_cfg, **overrides)
+    cfg = target_config(folder, hf_cfg, **overrides)
     params = load_params(folder, abstract_params(cfg), shardings=shardings)
     tok = None
     if tokenizer:
@@ -97,6 +101,25 @@ def load_target(
         except Exception as e:
             raise CheckpointError(f"{folder}: cannot load the tokenizer ({str(e).splitlines()[0]})") from None
     return Target(cfg=cfg, params=params, tokenizer=tok, path=folder, stop_token_ids=_stop_ids(folder, hf_cfg, tok))
+
+
+def target_config(folder: Path, hf_cfg: dict, **overrides) -> TargetConfig:
+    """`TargetConfig.from_hf` with a missing or mistyped field reported in one line naming the file."""
+    try:
+        cfg = TargetConfig.from_hf(hf_cfg, **overrides)
+    except KeyError as e:
+        raise CheckpointError(f"missing field {e.args[0]!r} in config {Path(folder) / 'config.json'}") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, CarryoverError):
+            raise
+        raise CheckpointError(f"invalid field in config {Path(folder) / 'config.json'} ({first_line(e)})") from None
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim", "max_position_embeddings"):
+        v = getattr(cfg, name, None)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise CheckpointError(f"invalid {name} {v!r} in config {Path(folder) / 'config.json'} "
+                                  "(expected a positive integer)")
+    return cfg
 
 
 @dataclasses.dataclass

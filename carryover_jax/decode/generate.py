@@ -12,7 +12,7 @@ import numpy as np
 
 from carryover_jax.config import next_bucket
 from carryover_jax.decode import autoregressive as ar
-from carryover_jax.errors import CarryoverError
+from carryover_jax.errors import CarryoverError, RequestError
 
 MAX_STOP_IDS = 8  # stop ids are a fixed-size traced array (padded with -1): no recompiles per set
 
@@ -64,6 +64,47 @@ def pad_batch(ids: list[list[int]], bucket: int, pad_id: int = 0) -> np.ndarray:
     return arr
 
 
+def _bad_int(x, low: int) -> bool:
+    return isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < low
+
+
+def check_sampling(*, top_k: int = 0, top_p: float = 1.0, temperature=0.0, max_new_tokens=1,
+                   max_len: int | None = None) -> None:
+    """Request settings checked before anything is loaded or compiled (the CLI calls this first)."""
+    if _bad_int(top_k, 0):
+        raise RequestError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
+    try:
+        p = float(top_p)
+    except (TypeError, ValueError):
+        raise RequestError(f"top_p must be a number in (0, 1], got {top_p!r}") from None
+    if not (np.isfinite(p) and 0.0 < p <= 1.0):
+        raise RequestError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
+    temps = temperature if isinstance(temperature, (list, tuple, np.ndarray)) else [temperature]
+    for t in temps:
+        try:
+            ok = np.isfinite(float(t)) and float(t) >= 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise RequestError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+    news = max_new_tokens if isinstance(max_new_tokens, (list, tuple, np.ndarray)) else [max_new_tokens]
+    for m in news:
+        if _bad_int(m, 1):
+            raise RequestError(f"max_new_tokens must be an integer >= 1, got {m!r}")
+    if max_len is not None and _bad_int(max_len, 1):
+        raise RequestError(f"max_len must be an integer >= 1, got {max_len!r}")
+
+
+def check_context(prompt_lens: Sequence[int], max_new: Sequence[int], limit: int) -> None:
+    """Refuse, before planning a cache, a request that does not fit the target's context."""
+    for i, (p, m) in enumerate(zip(prompt_lens, max_new)):
+        if p + m > limit:
+            raise RequestError(
+                f"prompt {i} has {p:,} tokens{f' + max_new_tokens {m:,}' if p <= limit else ''}, more than the "
+                f"target's context of {limit:,} tokens (max_position_embeddings)"
+            )
+
+
 def plan_lengths(prompt_lens: Sequence[int], max_new: Sequence[int], max_len: int | None, limit: int):
     """Prompt bucket and cache length; raises one clear error if a prompt cannot fit."""
     longest = max(prompt_lens)
@@ -74,9 +115,9 @@ def plan_lengths(prompt_lens: Sequence[int], max_new: Sequence[int], max_len: in
         cache_len = max(limit, bucket)
     for i, (p, m) in enumerate(zip(prompt_lens, max_new)):
         if p + m > cache_len:
-            raise CarryoverError(
+            raise RequestError(
                 f"prompt {i} has {p} tokens; with max_new_tokens={m} it needs {p + m} cache slots "
-                f"but the cache holds {cache_len}"
+                f"but the cache holds {cache_len}{' (max_len)' if max_len else ''}"
             )
     # a user-given cache may be shorter than the power-of-two bucket: prefill then uses the cache length
     return min(bucket, cache_len), cache_len
@@ -104,10 +145,13 @@ def _request(target, prompts, max_new_tokens, temperature, stop_token_ids, chat)
     n = len(ids)
     max_new = [int(m) for m in _as_list(max_new_tokens, n, "max_new_tokens")]
     temps = [float(t) for t in _as_list(temperature, n, "temperature")]
-    if min(max_new) < 1:
-        raise CarryoverError("max_new_tokens must be >= 1")
-    if min(temps) < 0:
-        raise CarryoverError("temperature must be >= 0")
+    check_sampling(temperature=temps, max_new_tokens=max_new)
+    check_context([len(r) for r in ids], max_new, target.cfg.max_position_embeddings)
+    vocab = target.cfg.vocab_size
+    for i, r in enumerate(ids):
+        if min(r) < 0 or max(r) >= vocab:
+            raise RequestError(f"prompt {i} has token id {min(r) if min(r) < 0 else max(r)} outside the "
+                               f"target's vocabulary [0, {vocab})")
     stops = list(target.stop_token_ids if stop_token_ids is None else stop_token_ids)
     if len(stops) > MAX_STOP_IDS:
         raise CarryoverError(f"at most {MAX_STOP_IDS} stop token ids")
@@ -133,6 +177,7 @@ def generate(
     lists. Greedy when temperature is 0. Per-prompt `max_new_tokens`/`temperature` may be lists.
     """
     cfg, params = target.cfg, target.params
+    check_sampling(top_k=top_k, top_p=top_p, temperature=temperature, max_new_tokens=max_new_tokens, max_len=max_len)
     ids, max_new, temps, stops = _request(target, prompts, max_new_tokens, temperature, stop_token_ids, chat)
     lens = [len(r) for r in ids]
     n = len(ids)
@@ -197,6 +242,7 @@ def speculative_generate(
     if carryover and not dcfg.carryover:
         raise CarryoverError("this drafter has no Carryover embedding; load it with carryover=True or pass carryover=False")
     check_pair(dcfg, target.cfg)
+    check_sampling(top_k=top_k, top_p=top_p, temperature=temperature, max_new_tokens=max_new_tokens, max_len=max_len)
     ids, max_new, temps, stops = _request(target, prompts, max_new_tokens, temperature, stop_token_ids, chat)
     n = len(ids)
     P = dcfg.num_proposals

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from carryover_jax.config import DrafterConfig, TrainConfig
 from carryover_jax.errors import CarryoverError
 from carryover_jax.io import atomic_write_json
 from carryover_jax.train.checkpoint import Checkpointer, abstract_like
+from carryover_jax.train.faults import FiniteGuard, StopSignal, check_disk_space, prepare_out_dir, save_before_stop
 from carryover_jax.train.distributed import is_main, maybe_initialize
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
 from carryover_jax.train.step import (
@@ -91,8 +93,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
     from carryover_jax.weights.drafter_formats import drafter_config_to_dict, save_drafter
 
     maybe_initialize()
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(cfg.out_dir)  # a read-only/unusable out_dir fails here, before any work
     store = ResponseStore.open(cfg.data.store)
     if len(store) == 0:
         raise CarryoverError(f"response store {cfg.data.store} has no records: run `carryover prepare` first")
@@ -120,6 +121,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
         target_params = jax.device_put(target.params, tsh)
         psh = drafter_shardings(sc.drafter, mesh, cfg.mesh.shard_drafter)
         state = init_state(params, optimizer, cfg.seed)
+        check_disk_space(out, state)  # a full disk fails now, not at the first save
         ssh = state_shardings(state, psh, mesh)
         data_iter = make_train_iter(
             cfg.data, store, batch_size=local_batch, seed=cfg.seed, process_index=jax.process_index(),
@@ -137,8 +139,16 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
         bar = tqdm(total=steps, initial=start, desc=f"train {cfg.name}", disable=not (progress and is_main()))
         t_last, s_last, tokens = time.perf_counter(), start, 0
         end = steps if stop_at_step is None else min(steps, stop_at_step)
+        guard, stop, stopped_at = FiniteGuard(), StopSignal(), None
         try:
+            stop.__enter__()  # SIGTERM (preemption) -> checkpoint the last finished step, return cleanly
             for step in range(start, end):
+                if stop.requested():
+                    stopped_at = step
+                    save_before_stop(ckpt, guard, step, state, data_iter)
+                    print(f"train: stopped by {stop.name} after step {step}; checkpoint saved in {ckpt.directory}; "
+                          "re-run the same command to resume", file=sys.stderr)
+                    break
                 batch = next(data_iter)
                 batch = {k: np.asarray(v) for k, v in batch.items() if k in BATCH_KEYS}
                 if step_fn is None:
@@ -146,7 +156,9 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
                 state, metrics = step_fn(state, target_params, put_batch(batch, mesh))
                 tokens += int(batch["loss_mask"].sum()) * jax.process_count()
                 done = step + 1
+                guard.record(done, metrics)
                 if done % cfg.log_every == 0 or done == steps:
+                    guard.check(ckpt.steps())
                     m = _host_metrics(metrics)
                     now = time.perf_counter()
                     m.update(step=done, lr=float(schedule(step)),
@@ -157,17 +169,24 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
                         log.write(m)
                     bar.set_postfix(loss=f"{m['loss']:.3f}", tau=f"{m.get('tau_estimate', 0):.2f}",
                                     sps=f"{m['steps_per_s']:.2f}")
+                if ckpt.manager.should_save(done):
+                    guard.check(ckpt.steps())  # a non-finite state is never saved
                 ckpt.save(done, state, data_iter)
                 bar.update()
-            finished = end == steps
+            guard.check(ckpt.steps())
+            finished = end == steps and stopped_at is None
             if finished and steps not in ckpt.steps():
                 ckpt.save(steps, state, data_iter, force=True)
         finally:
+            stop.__exit__(None, None, None)
             bar.close()
             ckpt.close()
             if log:
                 log.close()
-        summary = {"steps": end, "total_steps": steps, "finished": finished, "out_dir": str(out)}
+        summary = {"steps": end if stopped_at is None else stopped_at, "total_steps": steps, "finished": finished,
+                   "out_dir": str(out)}
+        if stopped_at is not None:
+            summary["stopped_by"] = stop.name
         if finished and is_main():
             final = jax.device_get(state.params)
             export_cfg = dcfg  # the drafter as configured (not the compute dtype of this run)

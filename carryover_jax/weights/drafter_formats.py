@@ -27,9 +27,9 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from carryover_jax.config import DrafterConfig, TargetConfig
-from carryover_jax.errors import CheckpointError, ConfigError
-from carryover_jax.io import atomic_dir
-from carryover_jax.weights.hf import flatten, load_params
+from carryover_jax.errors import CarryoverError, CheckpointError, ConfigError, first_line
+from carryover_jax.io import atomic_dir, read_json
+from carryover_jax.weights.hf import flatten, load_params, open_safetensors
 
 FORMATS = ("native", "zlab", "deepspec")
 CARRYOVER_FILE = "carryover.safetensors"
@@ -126,7 +126,7 @@ def save_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike) -> Path:
         save_file(_tensors(params, None), tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "drafter_config.json").write_text(json.dumps(drafter_config_to_dict(cfg), indent=2) + "\n")
 
-    return atomic_dir(Path(folder), write)
+    return atomic_dir(Path(folder), write, replaces=("drafter_config.json", "config.json", "model.safetensors"))
 
 
 def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: str, *, frozen=None,
@@ -158,7 +158,7 @@ def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: s
             save_file({CARRYOVER_TENSOR: e_rej}, tmp / CARRYOVER_FILE, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    return atomic_dir(Path(folder), write)
+    return atomic_dir(Path(folder), write, replaces=("drafter_config.json", "config.json", "model.safetensors"))
 
 
 # ---- reading ----------------------------------------------------------------------------------------
@@ -168,7 +168,9 @@ def detect_format(folder: Path) -> str:
     cfg_path = folder / "config.json"
     if not cfg_path.exists():
         raise CheckpointError(f"{folder} is not a drafter checkpoint (no drafter_config.json or config.json)")
-    archs = json.loads(cfg_path.read_text()).get("architectures") or []
+    archs = read_json(cfg_path, "drafter config", error=CheckpointError).get("architectures") or []
+    if not isinstance(archs, list):
+        raise CheckpointError(f"\"architectures\" must be a list in drafter config {cfg_path}")
     for a in archs:
         if a in _ARCH:
             return _ARCH[a]
@@ -217,13 +219,23 @@ def load_drafter(folder: str | os.PathLike, *, layout: str | None = None, fmt: s
     found = detect_format(folder)
     if fmt is not None and fmt != found:
         raise CheckpointError(f"{folder} is in the {found} format, not {fmt}")
-    if found == "native":
-        cfg = drafter_config_from_dict(json.loads((folder / "drafter_config.json").read_text()))
-        has_e_rej = cfg.carryover
-    else:
-        hf = json.loads((folder / "config.json").read_text())
-        has_e_rej = bool(hf.get("carryover")) and (folder / CARRYOVER_FILE).exists()
-        cfg = config_from_export(hf, found, carryover=has_e_rej if carryover is None else carryover)
+    cfg_file = folder / ("drafter_config.json" if found == "native" else "config.json")
+    raw = read_json(cfg_file, "drafter config", error=CheckpointError)
+    try:
+        if found == "native":
+            cfg = drafter_config_from_dict(raw)
+            has_e_rej = cfg.carryover
+        else:
+            has_e_rej = bool(raw.get("carryover")) and (folder / CARRYOVER_FILE).exists()
+            cfg = config_from_export(raw, found, carryover=has_e_rej if carryover is None else carryover)
+    except KeyError as e:
+        raise CheckpointError(f"missing field {e.args[0]!r} in drafter config {cfg_file}") from None
+    except ConfigError as e:
+        raise CheckpointError(f"{e} (in drafter config {cfg_file})") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, CarryoverError):
+            raise
+        raise CheckpointError(f"invalid drafter config {cfg_file} ({first_line(e)})") from None
     if carryover is not None:
         cfg = cfg.replace(carryover=carryover)
     if dtype:
@@ -242,14 +254,21 @@ def load_drafter(folder: str | os.PathLike, *, layout: str | None = None, fmt: s
         dt = abstract["norm"]["weight"].dtype
         if has_e_rej:
             src = folder / ("model.safetensors" if found == "native" else CARRYOVER_FILE)
-            from safetensors import safe_open
-
-            with safe_open(src, "numpy") as f:
+            f = open_safetensors(src)
+            try:
                 if CARRYOVER_TENSOR not in f.keys():
                     raise CheckpointError(f"{src} lacks the Carryover tensor {CARRYOVER_TENSOR!r}")
-                e = f.get_tensor(CARRYOVER_TENSOR)
+                try:
+                    e = f.get_tensor(CARRYOVER_TENSOR)
+                except Exception as err:
+                    raise CheckpointError(f"unreadable tensor {CARRYOVER_TENSOR!r} in {src} ({first_line(err)})") \
+                        from None
+            finally:
+                f.__exit__(None, None, None)
             if e.shape != (cfg.hidden_size,):
-                raise CheckpointError(f"{CARRYOVER_TENSOR}: shape {e.shape}, expected ({cfg.hidden_size},)")
+                raise CheckpointError(f"{CARRYOVER_TENSOR}: shape {e.shape} in {src}, expected ({cfg.hidden_size},)")
+            if e.dtype.kind in "biuc":
+                raise CheckpointError(f"{CARRYOVER_TENSOR}: dtype {e.dtype} in {src}, expected a floating-point tensor")
             params["e_rej"] = jax.device_put(e.astype(dt))
         else:
             params["e_rej"] = jax.numpy.zeros((cfg.hidden_size,), dt)

@@ -18,8 +18,8 @@ from flax import traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from carryover_jax.errors import CheckpointError
-from carryover_jax.io import atomic_dir
+from carryover_jax.errors import CheckpointError, first_line
+from carryover_jax.io import atomic_dir, read_json
 
 Params = Any
 _LEAF_TO_HF = {"kernel": "weight", "embedding": "weight", "weight": "weight", "bias": "bias"}
@@ -37,6 +37,19 @@ def target_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
     return prefix + ".".join(mods) + "." + _LEAF_TO_HF[leaf], leaf == "kernel"
 
 
+def open_safetensors(path: Path):
+    """An open safetensors handle (numpy); a missing/empty/truncated/corrupt file is a CheckpointError.
+    The caller closes it with `handle.__exit__(None, None, None)`."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"missing safetensors file {path}")
+    try:
+        return safe_open(path, "numpy").__enter__()
+    except Exception as e:  # SafetensorError (bad header), OSError
+        what = "empty" if path.stat().st_size == 0 else "truncated or corrupt"
+        raise CheckpointError(f"{what} safetensors file {path} ({first_line(e)})") from None
+
+
 class SafetensorsReader:
     """Lazy, by-name access to the tensors of a checkpoint folder (single file or sharded index)."""
 
@@ -48,23 +61,29 @@ class SafetensorsReader:
             raise CheckpointError(f"not a checkpoint folder: {self.folder}")
         index = self.folder / "model.safetensors.index.json"
         single = self.folder / "model.safetensors"
+        self._open: dict[Path, Any] = {}
         if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = read_json(index, "safetensors index", error=CheckpointError).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise CheckpointError(f"no \"weight_map\" of tensor -> file names in safetensors index {index}")
             self._where = {name: self.folder / f for name, f in weight_map.items()}
         elif single.exists():
-            with safe_open(single, "numpy") as f:
-                self._where = {name: single for name in f.keys()}
+            self._where = {name: single for name in self._file(single).keys()}
         else:
             others = sorted(p.name for p in self.folder.glob("*.safetensors"))
             if len(others) == 1:
                 only = self.folder / others[0]
-                with safe_open(only, "numpy") as f:
-                    self._where = {name: only for name in f.keys()}
+                self._where = {name: only for name in self._file(only).keys()}
             else:
                 raise CheckpointError(
                     f"{self.folder} holds no weights (expected model.safetensors or model.safetensors.index.json)"
                 )
-        self._open: dict[Path, Any] = {}
+
+    def _file(self, path: Path):
+        """The open safetensors file at `path`; a truncated/corrupt/unreadable one is a CheckpointError."""
+        if path not in self._open:
+            self._open[path] = open_safetensors(path)
+        return self._open[path]
 
     def keys(self) -> list[str]:
         return list(self._where)
@@ -78,9 +97,13 @@ class SafetensorsReader:
         path = self._where[name]
         if not path.exists():
             raise CheckpointError(f"{self.folder}: shard {path.name} (holding {name}) is missing")
-        if path not in self._open:
-            self._open[path] = safe_open(path, "numpy").__enter__()
-        return self._open[path].get_tensor(name)
+        f = self._file(path)
+        if name not in f.keys():
+            raise CheckpointError(f"tensor {name!r} is missing in {path} (the index lists it there)")
+        try:
+            return f.get_tensor(name)
+        except Exception as e:
+            raise CheckpointError(f"unreadable tensor {name!r} in {path} ({first_line(e)})") from None
 
     def close(self):
         for f in self._open.values():
@@ -107,6 +130,9 @@ def load_params(
         for path, spec in flatten(abstract):
             hf_name, transposed = name_fn(path)
             arr = reader.get(hf_name)
+            if arr.dtype.kind in "biuc" or arr.dtype == object:  # floats only: no silent int -> float cast
+                raise CheckpointError(
+                    f"{hf_name}: dtype {arr.dtype} in {reader.folder}, expected a floating-point tensor")
             if transposed:
                 arr = arr.T
             if tuple(arr.shape) != tuple(spec.shape):
@@ -147,7 +173,7 @@ def save_params(
         for fname, text in (extra_files or {}).items():
             (tmp / fname).write_text(text)
 
-    atomic_dir(folder, write)
+    atomic_dir(folder, write, replaces=("config.json", "model.safetensors"))
     return folder
 
 
@@ -158,7 +184,4 @@ def read_config(folder: str | os.PathLike) -> dict:
     cfg = folder / "config.json"
     if not cfg.exists():
         raise CheckpointError(f"{folder} has no config.json")
-    try:
-        return json.loads(cfg.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg} is not valid JSON: {e}") from None
+    return read_json(cfg, "config", error=CheckpointError)

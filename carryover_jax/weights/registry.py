@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from carryover_jax.errors import CheckpointError
-from carryover_jax.weights.gguf import convert_gguf
+from carryover_jax.weights.gguf import convert_gguf, is_converted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ def packaged_file(alias: str) -> Path:
 
 def _converted(gguf: Path, key: str) -> Path:
     out = cache_dir() / "targets" / key
-    if not (out / "config.json").exists():
+    if not is_converted(gguf, out):  # a half-written or stale cache entry is converted again
         convert_gguf(gguf, out)
     return out
 

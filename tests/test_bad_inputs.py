@@ -1,0 +1,411 @@
+"""Bad input and faults: every case gets a one-line error (CLI: `carryover <cmd>: error: ...`, exit 2;
+API: a `CarryoverError` subclass) or survives. One table row per case, plus fault rows that kill or
+signal a subprocess at a chosen point (SIGKILL mid-write, SIGTERM mid-training) and a NaN row.
+
+Everything runs on a tiny random Llama (3 layers, width 64, context 512) with a word-level tokenizer,
+made once per module; every corrupted file is a copy in the row's own tmp folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from carryover_jax.errors import CarryoverError, CheckpointError, ConfigError, DataError, RequestError, TrainingError
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTEXT = 512  # the tiny target's max_position_embeddings
+
+
+# ---- fixtures: a tiny target with a tokenizer, a drafter, a store, a prompt file ------------------------
+def _add_tokenizer(folder: Path) -> None:
+    """A word-level tokenizer over the tiny vocabulary: `w5 w6 ...` are ids 5, 6, ...; with a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "<empty_output>": 4}
+    vocab.update({f"w{i}": i for i in range(5, 97)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    fast.save_pretrained(folder)
+
+
+@dataclasses.dataclass
+class Env:
+    target: Path  # HF folder with tokenizer
+    drafter: Path  # native drafter folder (dflash, zlab layout)
+    markov: Path  # native drafter folder (markov, deepspec layout)
+    store: Path  # a committed response store
+    prompts: Path  # a valid JSONL prompt file
+    loaded: Any  # the loaded Target
+    tmp: Path = None  # the row's own folder
+
+    def copy(self, what: str) -> Path:
+        dst = self.tmp / what
+        shutil.copytree(getattr(self, what), dst)
+        return dst
+
+
+@pytest.fixture(scope="module")
+def base(tiny_llama, tmp_path_factory):
+    from carryover_jax.loading import init_drafter, load_target
+    from carryover_jax.weights.drafter_formats import save_drafter
+    from tests.synthetic import synthetic_store
+
+    root = tmp_path_factory.mktemp("bad_inputs")
+    target = root / "target"
+    shutil.copytree(tiny_llama.path, target)
+    _add_tokenizer(target)
+    loaded = load_target(target)
+    d = init_drafter(loaded, kind="dflash", layout="zlab", num_proposals=3, num_layers=1, target_layer_ids=(0, 1),
+                     mask_token_id=4)
+    save_drafter(d.cfg, d.params, root / "drafter")
+    m = init_drafter(loaded, kind="markov", layout="deepspec", num_proposals=3, num_layers=1,
+                     target_layer_ids=(0, 1), mask_token_id=4, markov_rank=4)
+    save_drafter(m.cfg, m.params, root / "markov")
+    store = synthetic_store(root / "store")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w5 w6 w7"}\n{"messages": [{"role": "user", "content": "w8 w9"}]}\n')
+    return Env(target, root / "drafter", root / "markov", store, prompts, loaded)
+
+
+@pytest.fixture
+def env(base, tmp_path, monkeypatch):
+    monkeypatch.setenv("CARRYOVER_CACHE", str(tmp_path / "cache"))
+    return dataclasses.replace(base, tmp=tmp_path)
+
+
+# ---- file corruptions ---------------------------------------------------------------------------------
+def truncate(path: Path, keep: int | None = None) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2 if keep is None else keep])
+    return path
+
+
+def edit_json(path: Path, fn: Callable[[Any], Any]) -> Path:
+    path.write_text(json.dumps(fn(json.loads(path.read_text()))))
+    return path
+
+
+def edit_tensors(path: Path, fn: Callable[[dict], None]) -> Path:
+    t = load_file(path)
+    fn(t)
+    save_file(t, path)
+    return path
+
+
+def _del(key):
+    def f(d):
+        del d[key]
+        return d
+    return f
+
+
+def target_with(e: Env, fn: Callable[[Path], Any]) -> str:
+    d = e.copy("target")
+    fn(d)
+    return str(d)
+
+
+def drafter_with(e: Env, fn: Callable[[Path], Any]) -> str:
+    d = e.copy("drafter")
+    fn(d)
+    return str(d)
+
+
+def write(e: Env, name: str, data: bytes | str) -> str:
+    p = e.tmp / name
+    p.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return str(p)
+
+
+def words(n: int) -> str:
+    return " ".join(f"w{5 + i % 90}" for i in range(n))
+
+
+def train_args(e: Env, *extra: str, store: str | None = None, out: str | None = None) -> list[str]:
+    return ["train", "--config", "tiny", "--quiet", "--set", f"target={e.target}",
+            "--set", f"data.store={store or e.store}", "--set", f"out_dir={out or e.tmp / 'run'}",
+            "--set", "data.max_len=32", "--set", "data.min_loss_tokens=2", *extra]
+
+
+def corrupt_store(e: Env, fn: Callable[[Path], Any]) -> str:
+    d = e.copy("store")
+    fn(d)
+    return str(d)
+
+
+# ---- the table ---------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Row:
+    id: str
+    build: Callable[[Env], Any]  # CLI: -> argv; API: -> a zero-argument callable
+    match: str  # regex searched in the error line / exception message
+    error: type = None  # API rows: the CarryoverError subclass raised; CLI rows: None (exit code below)
+    code: int = 2
+
+
+GEN = ["generate", "--prompt", "w5 w6 w7", "--max-new-tokens", "4"]
+
+CLI_ROWS = [
+    # generate: request values (refused before the target is even loaded)
+    Row("generate top-p 1.5", lambda e: GEN + ["--target", str(e.target), "--top-p", "1.5"],
+        r"top_p must be in \(0, 1\] \(1 = off\), got 1\.5"),
+    Row("generate top-p 0", lambda e: GEN + ["--target", "nowhere", "--top-p", "0"], r"top_p must be in \(0, 1\]"),
+    Row("generate top-k -3", lambda e: GEN + ["--target", "nowhere", "--top-k", "-3"],
+        r"top_k must be an integer >= 0 \(0 = off\), got -3"),
+    Row("generate temperature nan", lambda e: GEN + ["--target", "nowhere", "--temperature", "nan"],
+        r"temperature must be a finite number >= 0 \(0 = greedy\), got nan"),
+    Row("generate temperature inf", lambda e: GEN + ["--target", "nowhere", "--temperature", "inf"],
+        r"temperature must be a finite number >= 0"),
+    Row("generate temperature -1", lambda e: GEN + ["--target", "nowhere", "--temperature", "-1"],
+        r"temperature must be a finite number >= 0"),
+    Row("generate max-new-tokens 0", lambda e: GEN + ["--target", "nowhere", "--max-new-tokens", "0"],
+        r"max_new_tokens must be an integer >= 1, got 0"),
+    Row("generate max-len 0", lambda e: GEN + ["--target", "nowhere", "--max-len", "0"],
+        r"max_len must be an integer >= 1"),
+    Row("generate max-len below the prompt", lambda e: ["generate", "--target", str(e.target), "--prompt",
+                                                        words(10), "--max-len", "4"],
+        r"prompt 0 has 10 tokens; with max_new_tokens=128 it needs 138 cache slots but the cache holds 4 \(max_len\)"),
+    Row("generate prompt longer than the context", lambda e: ["generate", "--target", str(e.target), "--prompt",
+                                                              words(600)],
+        r"prompt 0 has 600 tokens, more than the target's context of 512 tokens"),
+    Row("generate prompt + max-new-tokens past the context", lambda e: ["generate", "--target", str(e.target),
+                                                                        "--prompt", words(500)],
+        r"prompt 0 has 500 tokens \+ max_new_tokens 128, more than the target's context of 512 tokens"),
+    # generate: target files
+    Row("target missing", lambda e: GEN + ["--target", str(e.tmp / "missing")], r"no such target: '.*missing'"),
+    Row("target safetensors truncated", lambda e: GEN + ["--target", target_with(
+        e, lambda d: truncate(d / "model.safetensors"))],
+        r"truncated or corrupt safetensors file .*target/model\.safetensors \(.*header"),
+    Row("target safetensors empty", lambda e: GEN + ["--target", target_with(
+        e, lambda d: truncate(d / "model.safetensors", 0))], r"empty safetensors file .*target/model\.safetensors"),
+    Row("target safetensors garbage", lambda e: GEN + ["--target", target_with(
+        e, lambda d: (d / "model.safetensors").write_bytes(os.urandom(4096)))],
+        r"truncated or corrupt safetensors file .*model\.safetensors"),
+    Row("target config.json truncated", lambda e: GEN + ["--target", target_with(
+        e, lambda d: truncate(d / "config.json"))], r"invalid JSON in config .*target/config\.json"),
+    Row("target config.json empty", lambda e: GEN + ["--target", target_with(
+        e, lambda d: truncate(d / "config.json", 0))], r"empty config .*target/config\.json"),
+    Row("target config.json wrong type", lambda e: GEN + ["--target", target_with(
+        e, lambda d: (d / "config.json").write_text("[1, 2]"))],
+        r"config .*config\.json holds a JSON list, expected a dict"),
+    Row("target config.json missing field", lambda e: GEN + ["--target", target_with(
+        e, lambda d: edit_json(d / "config.json", _del("hidden_size")))],
+        r"missing field 'hidden_size' in config .*target/config\.json"),
+    Row("target config.json wrong value type", lambda e: GEN + ["--target", target_with(
+        e, lambda d: edit_json(d / "config.json", lambda c: {**c, "num_hidden_layers": "three"}))],
+        r"invalid .*config .*target/config\.json"),
+    Row("target tensor wrong dtype", lambda e: GEN + ["--target", target_with(
+        e, lambda d: edit_tensors(d / "model.safetensors", lambda t: t.update(
+            {"model.norm.weight": t["model.norm.weight"].astype(np.int32)})))],
+        r"model\.norm\.weight: dtype int32 in .*target, expected a floating-point tensor"),
+    Row("target tensor wrong shape", lambda e: GEN + ["--target", target_with(
+        e, lambda d: edit_tensors(d / "model.safetensors", lambda t: t.update(
+            {"model.layers.1.mlp.up_proj.weight": np.zeros((5, 64), np.float32)})))],
+        r"model\.layers\.1\.mlp\.up_proj\.weight: shape \(5, 64\) in .* does not match the config's \(112, 64\)"),
+    Row("target tensor missing", lambda e: GEN + ["--target", target_with(
+        e, lambda d: edit_tensors(d / "model.safetensors", lambda t: t.pop("model.norm.weight")))],
+        r"tensor 'model\.norm\.weight' is missing"),
+    Row("target tokenizer.json corrupt", lambda e: GEN + ["--target", target_with(
+        e, lambda d: truncate(d / "tokenizer.json"))], r"target: cannot load the tokenizer"),
+    Row("target index.json invalid", lambda e: GEN + ["--target", target_with(
+        e, lambda d: (d / "model.safetensors.index.json").write_text("{oops"))],
+        r"invalid JSON in safetensors index .*model\.safetensors\.index\.json"),
+    Row("target index lists a missing shard", lambda e: GEN + ["--target", target_with(
+        e, lambda d: (d / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"model.norm.weight": "model-00002.safetensors"}})))],
+        r"shard model-00002\.safetensors \(holding model\.embed_tokens\.weight\)|tensor '.*' is missing"),
+    Row("target .gguf empty", lambda e: GEN + ["--target", write(e, "m.gguf", b"")], r"empty GGUF file .*m\.gguf"),
+    Row("target .gguf not a GGUF", lambda e: GEN + ["--target", write(e, "m.gguf", b"PK\3\4" + b"\0" * 64)],
+        r"not a GGUF file \(no GGUF magic\) .*m\.gguf"),
+    Row("target plain file", lambda e: GEN + ["--target", write(e, "weights.bin", b"x")],
+        r"neither a checkpoint folder nor a \.gguf file"),
+    # generate: drafter files
+    Row("drafter safetensors truncated", lambda e: GEN + ["--target", str(e.target), "--drafter", drafter_with(
+        e, lambda d: truncate(d / "model.safetensors"))],
+        r"truncated or corrupt safetensors file .*drafter/model\.safetensors \(Error while deserializing header"),
+    Row("drafter config truncated", lambda e: GEN + ["--target", str(e.target), "--drafter", drafter_with(
+        e, lambda d: truncate(d / "drafter_config.json"))],
+        r"invalid JSON in drafter config .*drafter/drafter_config\.json"),
+    Row("drafter config missing field", lambda e: GEN + ["--target", str(e.target), "--drafter", drafter_with(
+        e, lambda d: edit_json(d / "drafter_config.json", _del("backbone")))],
+        r"missing field 'backbone' in drafter config .*drafter_config\.json"),
+    Row("drafter config bad value", lambda e: GEN + ["--target", str(e.target), "--drafter", drafter_with(
+        e, lambda d: edit_json(d / "drafter_config.json", lambda c: {**c, "kind": "lstm"}))],
+        r"unknown drafter kind 'lstm'.*\(in drafter config .*drafter_config\.json\)"),
+    Row("drafter e_rej wrong dtype", lambda e: GEN + ["--target", str(e.target), "--drafter", drafter_with(
+        e, lambda d: edit_tensors(d / "model.safetensors", lambda t: t.update(
+            {"e_rej": t["e_rej"].astype(np.int64)})))],
+        r"e_rej: dtype int64 in .*model\.safetensors, expected a floating-point tensor"),
+    Row("drafter missing", lambda e: GEN + ["--target", str(e.target), "--drafter", str(e.tmp / "nope")],
+        r"no such drafter folder: .*nope"),
+    # generate: prompt files
+    Row("prompts-file invalid JSON", lambda e: ["generate", "--target", "nowhere", "--prompts-file",
+                                                write(e, "p.jsonl", '{"prompt": "w5"}\n{"prompt": \n')],
+        r"p\.jsonl:2: invalid JSON"),
+    Row("prompts-file not UTF-8", lambda e: ["generate", "--target", "nowhere", "--prompts-file",
+                                             write(e, "p.jsonl", b"\xff\xfe\x00garbage\n")],
+        r"p\.jsonl:1: not UTF-8 text"),
+    Row("prompts-file empty", lambda e: ["generate", "--target", "nowhere", "--prompts-file", write(e, "p.jsonl", "")],
+        r"no prompts in .*p\.jsonl"),
+    Row("prompts-file wrong type", lambda e: ["generate", "--target", "nowhere", "--prompts-file",
+                                              write(e, "p.jsonl", '["w5"]\n')],
+        r"p\.jsonl:1: expected a JSON object with \"messages\" or \"prompt\""),
+    Row("prompts-file missing", lambda e: ["generate", "--target", "nowhere", "--prompts-file", str(e.tmp / "no.jsonl")],
+        r"no such prompt file"),
+    # export
+    Row("export drafter truncated", lambda e: ["export", "--format", "zlab", "--out", str(e.tmp / "out"),
+                                               "--drafter", drafter_with(e, lambda d: truncate(d / "model.safetensors"))],
+        r"truncated or corrupt safetensors file .*drafter/model\.safetensors"),
+    Row("export over a foreign folder", lambda e: ["export", "--format", "zlab", "--drafter", str(e.drafter),
+                                                   "--out", str(Path(write(e, "notes.txt", "mine")).parent)],
+        r"exists and does not hold a checkpoint written by carryover; refusing to replace it"),
+    Row("export format mismatch", lambda e: ["export", "--format", "zlab", "--drafter", str(e.markov),
+                                             "--out", str(e.tmp / "out")],
+        r"the z-lab format holds DFlash drafters in the zlab layout; this is markov/deepspec"),
+    Row("export deepspec target truncated", lambda e: [
+        "export", "--format", "deepspec", "--drafter", str(e.markov), "--out", str(e.tmp / "out"),
+        "--target", target_with(e, lambda d: truncate(d / "model.safetensors"))],
+        r"truncated or corrupt safetensors file .*target/model\.safetensors"),
+    # init-drafter
+    Row("init-drafter target truncated", lambda e: ["init-drafter", "--out", str(e.tmp / "d"), "--target",
+                                                    target_with(e, lambda d: truncate(d / "model.safetensors"))],
+        r"truncated or corrupt safetensors file"),
+    Row("init-drafter out is a file", lambda e: ["init-drafter", "--target", str(e.target), "--layers", "1",
+                                                 "--proposals", "3", "--layer-ids", "0,1",
+                                                 "--out", write(e, "file", "x")],
+        r"exists and is not a folder"),
+    Row("init-drafter layer ids not integers", lambda e: ["init-drafter", "--target", str(e.target),
+                                                          "--layer-ids", "a,b", "--out", str(e.tmp / "d")],
+        r"--layer-ids must be comma-separated integers, got 'a,b'"),
+    Row("init-drafter layer id out of range", lambda e: ["init-drafter", "--target", str(e.target),
+                                                         "--layer-ids", "0,7", "--out", str(e.tmp / "d")],
+        r"target layer id 7 out of range"),
+    # convert
+    Row("convert truncated GGUF", lambda e: ["convert", "--target", write(e, "t.gguf", b"GGUF\3\0\0\0" + b"\1" * 20)],
+        r"truncated or unreadable GGUF file .*t\.gguf"),
+    Row("convert missing file", lambda e: ["convert", "--target", str(e.tmp / "x.gguf")], r"no such target"),
+    # prepare
+    Row("prepare bad prompt source", lambda e: [
+        "prepare", "--config", "tiny", "--quiet", "--set", f"target={e.target}", "--set",
+        f"data.store={e.tmp / 'st'}", "--set", f"data.source={write(e, 'src.jsonl', 'not json')}"],
+        r"src\.jsonl:1: invalid JSON"),
+    Row("prepare store is a foreign folder", lambda e: [
+        "prepare", "--config", "tiny", "--quiet", "--set", f"target={e.target}", "--set",
+        f"data.store={Path(write(e, 'notes.txt', 'mine')).parent}", "--set", f"data.source={e.prompts}"],
+        r"exists and is not a response store"),
+    Row("prepare top_p 1.5", lambda e: [
+        "prepare", "--config", "tiny", "--quiet", "--set", f"target={e.target}", "--set",
+        f"data.store={e.tmp / 'st'}", "--set", f"data.source={e.prompts}", "--set", "data.top_p=1.5"],
+        r"top_p must be in \(0, 1\]"),
+    Row("prepare unknown key", lambda e: ["prepare", "--config", "tiny", "--set", "data.nope=1"],
+        r"unknown config key 'data\.nope'"),
+    # train
+    Row("train store missing", lambda e: train_args(e, store=str(e.tmp / "nostore")),
+        r"no such response store .*nostore"),
+    Row("train store commit.json corrupt", lambda e: train_args(e, store=corrupt_store(
+        e, lambda d: truncate(d / "commit.json"))), r"invalid JSON in response store commit .*commit\.json"),
+    Row("train store meta.json missing", lambda e: train_args(e, store=corrupt_store(
+        e, lambda d: (d / "meta.json").unlink())), r"not a response store \(no meta\.json\)"),
+    Row("train store ids.jsonl truncated", lambda e: train_args(e, store=corrupt_store(
+        e, lambda d: truncate(d / "ids.jsonl"))), r"truncated file .*ids\.jsonl"),
+    Row("train store array missing", lambda e: train_args(e, store=corrupt_store(
+        e, lambda d: shutil.rmtree(d / "offsets"))), r"missing or corrupt array offsets/ in response store"),
+    Row("train store commit past the data", lambda e: train_args(e, store=corrupt_store(
+        e, lambda d: edit_json(d / "commit.json", lambda c: {**c, "tokens": c["tokens"] * 10}))),
+        r"tokens/ in response store .* fewer than the \d+ committed"),
+    Row("train out_dir unwritable", lambda e: train_args(e, out=str(Path(write(e, "file", "x")) / "run")),
+        r"cannot create the output folder .*file/run"),
+    Row("train unknown config", lambda e: ["train", "--config", "nope"], r"no such config: 'nope'"),
+]
+
+
+def _api_rows():
+    from carryover_jax.decode.generate import generate, speculative_generate
+    from carryover_jax.loading import load_drafter, load_target
+    from carryover_jax.train.sources import iter_jsonl
+    from carryover_jax.train.store import ResponseStore
+
+    return [
+        Row("api generate prompt past the context", lambda e: lambda: generate(e.loaded, [[5] * 600]),
+            r"prompt 0 has 600 tokens, more than the target's context of 512", RequestError),
+        Row("api generate top_p 1.5", lambda e: lambda: generate(e.loaded, [[5, 6]], top_p=1.5), r"top_p", RequestError),
+        Row("api generate temperature list with nan", lambda e: lambda: generate(
+            e.loaded, [[5], [6]], temperature=[0.0, float("nan")]), r"temperature must be a finite", RequestError),
+        Row("api generate token id outside the vocabulary", lambda e: lambda: generate(e.loaded, [[5, 200]]),
+            r"token id 200 outside the target's vocabulary \[0, 97\)", RequestError),
+        Row("api speculative top_k -1", lambda e: lambda: speculative_generate(
+            e.loaded, load_drafter(e.drafter), [[5, 6]], top_k=-1), r"top_k must be an integer >= 0", RequestError),
+        Row("api load_target truncated", lambda e: lambda: load_target(target_with(
+            e, lambda d: truncate(d / "model.safetensors"))), r"truncated or corrupt safetensors", CheckpointError),
+        Row("api load_drafter truncated", lambda e: lambda: load_drafter(drafter_with(
+            e, lambda d: truncate(d / "model.safetensors", 100))), r"safetensors file .*model\.safetensors",
+            CheckpointError),
+        Row("api ResponseStore.open bad commit", lambda e: lambda: ResponseStore.open(corrupt_store(
+            e, lambda d: edit_json(d / "commit.json", lambda c: {**c, "records": -1}))),
+            r"needs non-negative integers", DataError),
+        Row("api iter_jsonl duplicate id", lambda e: lambda: list(iter_jsonl(write(
+            e, "d.jsonl", '{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n'))), r"d\.jsonl:2: duplicate id '1'",
+            DataError),
+        Row("api load_drafter layout mismatch", lambda e: lambda: load_drafter(e.drafter, layout="deepspec"),
+            r"holds a drafter in the zlab layout \(native format\), not deepspec", CheckpointError),
+    ]
+
+
+def _run_cli(argv, capsys) -> tuple[int, str]:
+    from carryover_jax.cli import main
+
+    capsys.readouterr()
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse
+        rc = e.code
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("row", CLI_ROWS, ids=[r.id for r in CLI_ROWS])
+def test_cli_row(row: Row, env, capsys):
+    argv = row.build(env)
+    rc, err = _run_cli(argv, capsys)
+    assert "Traceback" not in err, err
+    errors = [l for l in err.splitlines() if l.startswith("carryover ")]
+    assert rc == row.code, err
+    assert len(errors) == 1 and errors[0].startswith(f"carryover {argv[0]}: error: "), err
+    assert re.search(row.match, errors[0]), errors[0]
+
+
+API_ROW_IDS = ["api generate prompt past the context", "api generate top_p 1.5", "api generate temperature list with nan",
+               "api generate token id outside the vocabulary", "api speculative top_k -1", "api load_target truncated",
+               "api load_drafter truncated", "api ResponseStore.open bad commit",
+               "api iter_jsonl duplicate id", "api load_drafter layout mismatch"]
+
+
+@pytest.mark.parametrize("row_id", API_ROW_IDS)
+def test_api_row(row_id, env):
+    row = {r.id: r for r in _api_rows()}[row_id]
+    with pytest.raises(row.error, match=row.match):
+        row.build(env)()
+
+
+def test_table_size():
+    assert len(CLI_ROWS) + len(API_ROW_IDS) >= 30
+    assert len(API_ROW_IDS) == len(_api_rows())
+    covered = {a for r in CLI_ROWS for a in ("generate", "prepare", "train", "export", "init-drafter", "convert")
+               if a in r.id}
+    assert covered == {"generate", "prepare", "train", "export", "init-drafter", "convert"}
