@@ -7,8 +7,9 @@ cache) sits at position L = target_cache.lengths = draft_cache.lengths.
   j < rejected_count) -> P proposals (+ draft distributions q when sampling).
 - verify_step: one target forward over [anchor, d_1..d_P] (writes P+1 cache slots, returns the tapped
   features) -> accepted count a, correction/bonus y -> commit d_1..d_a, y; target lengths L+a+1
-  (rollback = moving lengths); features of verify indices 0..a appended to the drafter cache; indices
-  a+1..P become the carried rows, rejected_count = P - a. Nothing leaves the device inside a round.
+  (rollback = moving lengths); the P+1 verify features are fused once: indices 0..a are appended to
+  the drafter cache, a+1..P (+ e_rej) become the carried rows, rejected_count = P - a. Nothing
+  leaves the device inside a round; `draft_step` copies no cache (only proposals, q, RNG come out).
 Every shape is fixed by (batch, bucket, P): a round compiles once.
 """
 
@@ -53,7 +54,7 @@ class SpecConfig:
 class SpecState:
     target_cache: KVCache
     draft_cache: KVCache
-    carried: Array  # [B, P, m·d] rejected verify features of the last round
+    carried: Array  # [B, P, d] the last round's rejected verify features, fused and marked with e_rej
     rejected_count: Array  # [B]
     anchor: Array  # [B]
     out: Array  # [B, N + P + 1] committed tokens (first from prefill)
@@ -79,16 +80,15 @@ def prefill(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens, ma
         logit_indices=(prompt_lens - 1)[:, None],
     )
     cache = cache.with_lengths(prompt_lens)
-    feats = jnp.concatenate(taps, axis=-1)
-    dcache = D.append_context(sc.drafter, draft_params, D.new_context_cache(sc.drafter, b, max_len), feats,
-                              prompt_lens)
+    rows = D.fuse_rows(sc.drafter, draft_params, jnp.concatenate(taps, axis=-1))
+    dcache = D.append_rows(sc.drafter, draft_params, D.new_context_cache(sc.drafter, b, max_len), rows, prompt_lens)
     rng, sub = jax.random.split(rng)
     first = sample(sub, logits[:, 0], temperature, sc.top_k, sc.top_p)
     out = jnp.zeros((b, out_len + sc.P + 1), jnp.int32).at[:, 0].set(first)
     out_len_ = jnp.ones((b,), jnp.int32)
     return SpecState(
         target_cache=cache, draft_cache=dcache,
-        carried=jnp.zeros((b, sc.P, sc.drafter.feature_dim), feats.dtype),
+        carried=jnp.zeros((b, sc.P, rows.shape[-1]), rows.dtype),
         rejected_count=jnp.zeros((b,), jnp.int32), anchor=first, out=out, out_len=out_len_,
         done=is_stop(first, stop_ids) | (out_len_ >= max_new), max_new=max_new, temperature=temperature,
         stop_ids=stop_ids, rng=rng, rounds=jnp.zeros((b,), jnp.int32),
@@ -97,18 +97,27 @@ def prefill(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens, ma
 
 
 def _draft(sc: SpecConfig, target_params, draft_params, s: SpecState):
+    """-> (proposals, q, new rng): only what drafting produces, so no state buffer is copied."""
     frozen = D.frozen_from_target(target_params, sc.target)
     carried = (s.carried, s.rejected_count) if sc.carryover else (None, None)
-    logits = D.draft_block_logits(sc.drafter, draft_params, frozen, s.draft_cache, s.anchor, *carried)
+    logits = D.draft_block_logits(sc.drafter, draft_params, frozen, s.draft_cache, s.anchor, *carried,
+                                  carried_fused=True)
     rng, sub = jax.random.split(s.rng)
     temperature = jnp.zeros_like(s.temperature) if sc.greedy_drafts else s.temperature
     toks, q, _ = D.sequential_proposals(sc.drafter, draft_params, logits, s.anchor, sub, temperature,
                                         sc.top_k, sc.top_p, sampling=sc.sampling)
+    return toks, q, rng
+
+
+draft_parts = jax.jit(_draft, static_argnames=("sc",))
+draft_parts.__doc__ = "state -> (proposals [B, P], draft distributions [B, P, V] or None, new rng)"
+
+
+def draft_step(sc: SpecConfig, target_params, draft_params, s: SpecState):
+    """state -> (proposals [B, P], draft distributions [B, P, V] or None, state). The jitted part
+    (`draft_parts`) returns only the proposals, q and the RNG; the caches pass through untouched."""
+    toks, q, rng = draft_parts(sc, target_params, draft_params, s)
     return toks, q, s.replace(rng=rng)
-
-
-draft_step = jax.jit(_draft, static_argnames=("sc",))
-draft_step.__doc__ = "state -> (proposals [B, P], draft distributions [B, P, V] or None, state)"
 
 
 def accept(sc: SpecConfig, logits, proposals, q, temperature, rng):
@@ -147,7 +156,7 @@ def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals
     chunk = jnp.concatenate([s.anchor[:, None], proposals], axis=1)
     logits, tcache, taps = TargetLM(sc.target).apply(
         {"params": target_params}, chunk, cache=s.target_cache, tap_layers=sc.drafter.target_layer_ids)
-    feats = jnp.concatenate(taps, axis=-1)  # [B, P+1, m·d]
+    rows = D.fuse_rows(sc.drafter, draft_params, jnp.concatenate(taps, axis=-1))  # [B, P+1, d], fused once
     rng, sub = jax.random.split(s.rng)
     a, y = accept(sc, logits, proposals, q, s.temperature, sub)
 
@@ -171,9 +180,12 @@ def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals
 
     keep = jnp.where(active, a + 1, 0)
     tcache = tcache.with_lengths(s.target_cache.lengths + keep)
-    dcache = D.append_context(sc.drafter, draft_params, s.draft_cache, feats, keep)
-    idx = jnp.minimum(a[:, None] + 1 + jnp.arange(P)[None, :], P)
-    carried = jnp.take_along_axis(feats, idx[..., None], axis=1)
+    dcache = D.append_rows(sc.drafter, draft_params, s.draft_cache, rows, keep)
+    if sc.carryover:
+        idx = jnp.minimum(a[:, None] + 1 + jnp.arange(P)[None, :], P)
+        carried = D.mark_carried(sc.drafter, draft_params, jnp.take_along_axis(rows, idx[..., None], axis=1))
+    else:
+        carried = s.carried
     rounds = s.rounds + active.astype(jnp.int32)
     r_idx = jnp.minimum(s.rounds, s.accepted.shape[1] - 1)
     accepted = s.accepted.at[jnp.arange(b), r_idx].set(jnp.where(active, a, s.accepted[jnp.arange(b), r_idx]))
@@ -190,8 +202,8 @@ verify_step.__doc__ = "(state, proposals, q) -> state after acceptance, commit, 
 
 
 def _round(sc, target_params, draft_params, s):
-    toks, q, s = _draft(sc, target_params, draft_params, s)
-    return _verify(sc, target_params, draft_params, s, toks, q)
+    toks, q, rng = _draft(sc, target_params, draft_params, s)
+    return _verify(sc, target_params, draft_params, s.replace(rng=rng), toks, q)
 
 
 @functools.partial(jax.jit, static_argnames=("sc",), donate_argnames=("s",))

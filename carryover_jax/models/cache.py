@@ -16,30 +16,36 @@ Array = jax.Array
 
 
 def write_chunk(buf: Array, chunk: Array, start: Array) -> Array:
-    """buf [B, S, ...] <- chunk [B, T, ...] at per-row slot start[b]."""
+    """buf [B, Hkv, S, D] <- chunk [B, Hkv, T, D] at per-row slot start[b]."""
 
     def one(b, c, s):
-        return jax.lax.dynamic_update_slice_in_dim(b, c.astype(b.dtype), s, axis=0)
+        return jax.lax.dynamic_update_slice_in_dim(b, c.astype(b.dtype), s, axis=1)
 
     return jax.vmap(one)(buf, chunk, start)
 
 
 def chunk_mask(lengths: Array, chunk_len: int, max_len: int) -> Array:
     """[B, T, S] mask for a chunk written at `lengths`: query t sees slots <= lengths + t."""
-    q = lengths[:, None] + jnp.arange(chunk_len)[None, :]
-    return jnp.arange(max_len)[None, None, :] <= q[:, :, None]
+    return jnp.arange(max_len)[None, None, :] < chunk_limit(lengths, chunk_len)[:, :, None]
+
+
+def chunk_limit(lengths: Array, chunk_len: int) -> Array:
+    """[B, T]: query t of a chunk written at `lengths` sees the slots below lengths + t + 1."""
+    return lengths[:, None] + jnp.arange(1, chunk_len + 1)[None, :]
 
 
 @flax.struct.dataclass
 class KVCache:
-    k: tuple[Array, ...]  # per layer [B, S, H_kv, D]: per-layer buffers update in place when donated
+    # per layer [B, H_kv, S, D] (head-major: attention contracts it without transposes, as Pallas
+    # decode kernels read it); per-layer buffers update in place when donated
+    k: tuple[Array, ...]
     v: tuple[Array, ...]
     lengths: Array  # [B] int32
 
     @classmethod
     def zeros(cls, *, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
               dtype=jnp.float32) -> "KVCache":
-        shape = (batch, max_len, num_kv_heads, head_dim)
+        shape = (batch, num_kv_heads, max_len, head_dim)
         # jnp.zeros, never jnp.empty: from jax 0.11 `empty` is uninitialised memory.
         return cls(
             k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
@@ -53,7 +59,7 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.k[0].shape[1]
+        return self.k[0].shape[2]
 
     @property
     def num_layers(self) -> int:

@@ -85,13 +85,30 @@ def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray) -> Array:
 
 
 # ---- attention core ----------------------------------------------------------------------------
-def attention_core(q: Array, segments, scale: float) -> Array:
-    """Grouped-query attention over one or more key/value segments with explicit boolean masks.
+LIVE_CHUNK = 256  # cache slots per chunk of a live-length (`LiveMask`) segment
 
-    q: [B, T, H, D]; segments: sequence of (k [B, S_i, Hkv, D], v [B, S_i, Hkv, D], mask [B, T, S_i]),
-    True = may attend. Returns [B, T, H, D]. A segment whose mask is a `Blockwise` is block-diagonal
-    (computed per block, [T, S/N] scores instead of a [T, S] mask); an int G is shorthand for
-    `Blockwise(T // G)` with keys aligned to the queries — training's N blocks of a sequence.
+
+@flax.struct.dataclass
+class LiveMask:
+    """Mask of a cache segment: query t of row b sees slots s < limit[b, t] (slot = position).
+
+    Attention over such a segment reads the buffer in fixed chunks of `chunk` slots up to the
+    longest live row only (a `fori_loop` with a traced trip count), so a step costs what the used
+    part of the cache costs, not what `max_len` costs; shapes (and the compiled step) stay fixed."""
+
+    limit: Array  # [B, T] int
+    chunk: int = flax.struct.field(pytree_node=False, default=LIVE_CHUNK)
+
+
+def attention_core(q: Array, segments, scale: float) -> Array:
+    """Grouped-query attention over one or more key/value segments with explicit masks.
+
+    q: [B, T, H, D]; segments: sequence of (k [B, Hkv, S_i, D], v [B, Hkv, S_i, D], mask), keys and
+    values head-major like the KV cache, so the score and value contractions read them without
+    transposes. mask: bool [B, T, S_i] (True = may attend); a `LiveMask` (cache segments: computed
+    chunk by chunk up to the longest live row); a `Blockwise`: block-diagonal (computed per block,
+    [T, S/N] scores instead of a [T, S] mask); or an int G, shorthand for `Blockwise(T // G)` with
+    keys aligned to the queries — training's N blocks of a sequence. Returns [B, T, H, D].
 
     Segments are merged flash-style (per-segment max, sum and output, rescaled to the joint max)
     instead of concatenating K/V: the drafter attends over [context cache ; carried ; block] without
@@ -100,22 +117,18 @@ def attention_core(q: Array, segments, scale: float) -> Array:
     probability 0 (not exp(-inf)), so rows with no visible key return zeros instead of NaN.
     """
     b, t, h, d = q.shape
-    hkv = segments[0][0].shape[2]
-    qg = q.reshape(b, t, hkv, h // hkv, d)
+    hkv = segments[0][0].shape[1]
+    qg = jnp.transpose(q.reshape(b, t, hkv, h // hkv, d), (0, 2, 3, 1, 4))  # [B, Hkv, G, T, D]
     parts = []
     for k, v, mask in segments:
         if isinstance(mask, int):
             mask = Blockwise(t // mask)
         if isinstance(mask, Blockwise):
             parts.append(_blockwise_part(qg, k, v, mask, scale))
-            continue
-        m4 = mask[:, None, None, :, :]
-        s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
-        s = jnp.where(m4, s, NEG_INF)
-        mx = jnp.max(s, axis=-1, keepdims=True)
-        p = jnp.where(m4, jnp.exp(s - mx), 0.0)
-        o = jnp.einsum("bkgts,bskd->bkgtd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        parts.append((mx, jnp.sum(p, axis=-1, keepdims=True), o))
+        elif isinstance(mask, LiveMask):
+            parts.append(_live_part(qg, k, v, mask, scale))
+        else:
+            parts.append(_dense_part(qg, k, v, mask[:, None, None, :, :], scale))
     mx = parts[0][0]
     for m_i, _, _ in parts[1:]:
         mx = jnp.maximum(mx, m_i)
@@ -126,6 +139,45 @@ def attention_core(q: Array, segments, scale: float) -> Array:
         out = out + o_i * w
     out = out / jnp.maximum(denom, 1e-30)
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, d).astype(q.dtype)
+
+
+def _dense_part(qg: Array, k: Array, v: Array, m5: Array, scale: float):
+    """(max, sum, unnormalised out) of one segment; qg [B, Hkv, G, T, D], k/v [B, Hkv, S, D],
+    m5 broadcastable to [B, Hkv, G, T, S]."""
+    s = jnp.einsum("bkgtd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(m5, s, NEG_INF)
+    mx = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.where(m5, jnp.exp(s - mx), 0.0)
+    o = jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return mx, jnp.sum(p, axis=-1, keepdims=True), o
+
+
+def _live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
+    """A cache segment over chunks [i*C, (i+1)*C) for i < ceil(max(limit) / C), merged online like
+    the segments are. The last chunk of a buffer that C does not divide is read at S - C (in
+    bounds) with the slots already seen masked out."""
+    b, hkv, g, t, d = qg.shape
+    s_len = k.shape[2]
+    c = min(mask.chunk, s_len)
+    n = jnp.minimum((jnp.max(mask.limit) + c - 1) // c, -(-s_len // c))
+    limit = mask.limit[:, None, None, :, None]  # [B, 1, 1, T, 1]
+
+    def body(i, carry):
+        m_acc, l_acc, o_acc = carry
+        lo = i * c
+        start = jnp.minimum(lo, s_len - c)
+        slots = start + jnp.arange(c)
+        kc = jax.lax.dynamic_slice_in_dim(k, start, c, axis=2)
+        vc = jax.lax.dynamic_slice_in_dim(v, start, c, axis=2)
+        m5 = (slots >= lo) & (slots < limit)
+        m_c, l_c, o_c = _dense_part(qg, kc, vc, m5, scale)
+        m_new = jnp.maximum(m_acc, m_c)
+        a, w = jnp.exp(m_acc - m_new), jnp.exp(m_c - m_new)
+        return m_new, l_acc * a + l_c * w, o_acc * a + o_c * w
+
+    init = (jnp.full((b, hkv, g, t, 1), NEG_INF, jnp.float32), jnp.zeros((b, hkv, g, t, 1), jnp.float32),
+            jnp.zeros((b, hkv, g, t, d), jnp.float32))
+    return jax.lax.fori_loop(0, n, body, init)
 
 
 @flax.struct.dataclass
@@ -143,13 +195,13 @@ class Blockwise:
 
 def _blockwise_part(qg: Array, k: Array, v: Array, spec: Blockwise, scale: float):
     """Per-group attention of a block-diagonal segment; returns (max, sum, out) shaped like the
-    dense path's so the segments merge unchanged."""
-    b, t, hkv, g, d = qg.shape
+    dense path's so the segments merge unchanged. qg [B, Hkv, G, T, D], k/v [B, Hkv, S, D]."""
+    b, hkv, g, t, d = qg.shape
     n = spec.num_blocks
-    gq, gk = t // n, k.shape[1] // n
-    qb = qg.reshape(b, n, gq, hkv, g, d)
-    kb, vb = k.reshape(b, n, gk, hkv, d), v.reshape(b, n, gk, hkv, d)
-    s = jnp.einsum("bntkgd,bnskd->bkgnts", qb, kb, preferred_element_type=jnp.float32) * scale
+    gq, gk = t // n, k.shape[2] // n
+    qb = qg.reshape(b, hkv, g, n, gq, d)
+    kb, vb = k.reshape(b, hkv, n, gk, d), v.reshape(b, hkv, n, gk, d)
+    s = jnp.einsum("bkgntd,bknsd->bkgnts", qb, kb, preferred_element_type=jnp.float32) * scale
     mask = None
     if spec.causal:
         mask = jnp.tril(jnp.ones((gq, gk), bool))[None, None, None, None]
@@ -163,7 +215,7 @@ def _blockwise_part(qg: Array, k: Array, v: Array, spec: Blockwise, scale: float
         s = jnp.where(mask, s, NEG_INF)
         mx = jnp.max(s, axis=-1, keepdims=True)
         p = jnp.where(mask, jnp.exp(s - mx), 0.0)
-    o = jnp.einsum("bkgnts,bnskd->bkgntd", p.astype(v.dtype), vb, preferred_element_type=jnp.float32)
+    o = jnp.einsum("bkgnts,bknsd->bkgntd", p.astype(v.dtype), vb, preferred_element_type=jnp.float32)
     flat = lambda x: x.reshape(b, hkv, g, t, x.shape[-1])  # noqa: E731
     return flat(mx), flat(jnp.sum(p, axis=-1, keepdims=True)), flat(o)
 
@@ -206,12 +258,14 @@ class Attention(nn.Module):
         return apply_rope(q, positions, np.asarray(self.inv_freq, np.float32))
 
     def keys_values(self, x: Array, positions: Array) -> tuple[Array, Array]:
+        """Head-major k, v [B, Hkv, T, D] (the KV cache layout)."""
         b, t, _ = x.shape
         k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             k = self.k_norm(k)
-        return apply_rope(k, positions, np.asarray(self.inv_freq, np.float32)), v
+        k = apply_rope(k, positions, np.asarray(self.inv_freq, np.float32))
+        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
 
     def attend(self, q: Array, segments) -> Array:
         """segments: (k, v, mask) triples, see `attention_core`."""

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 
 from carryover_jax.config import TargetConfig
 from carryover_jax.errors import ConfigError
-from carryover_jax.models.cache import KVCache, chunk_mask, write_chunk
-from carryover_jax.models.layers import MLP, Attention, RMSNorm, dtype_of, rope_inv_freq
+from carryover_jax.models.cache import KVCache, chunk_limit, chunk_mask, write_chunk
+from carryover_jax.models.layers import MLP, Attention, LiveMask, RMSNorm, dtype_of, rope_inv_freq
 
 Array = jax.Array
 
@@ -125,9 +125,7 @@ class TargetLM(nn.Module):
 
     def logits(self, h: Array) -> Array:
         """Final norm + LM head (tied or not); float32 logits."""
-        h = self.norm(h)
-        out = self.embed_tokens.attend(h) if self.cfg.tie_word_embeddings else self.lm_head(h)
-        return out.astype(jnp.float32)
+        return self.head(self.norm(h))
 
     def features(self, tokens: Array, tap_layers: tuple[int, ...], mask: Array | None = None, *,
                  with_kv: bool = False):
@@ -142,9 +140,12 @@ class TargetLM(nn.Module):
         return (taps, self.norm(h), ks, vs) if with_kv else (taps, self.norm(h))
 
     def head(self, h: Array) -> Array:
-        """LM head on already final-normed hidden states (float32 logits)."""
-        out = self.embed_tokens.attend(h) if self.cfg.tie_word_embeddings else self.lm_head(h)
-        return out.astype(jnp.float32)
+        """LM head on already final-normed hidden states (float32 logits). Tied: a plain contraction
+        with the [V, d] embedding (`Embed.attend` compiles to a transpose fused into the dot, slower)."""
+        if not self.cfg.tie_word_embeddings:
+            return self.lm_head(h).astype(jnp.float32)
+        e = self.embed_tokens.embedding
+        return jnp.einsum("btd,vd->btv", h, e.astype(h.dtype)).astype(jnp.float32)
 
     def __call__(
         self,
@@ -170,9 +171,10 @@ class TargetLM(nn.Module):
                 raise ConfigError(f"tap layer {l} out of range [-1, {self.cfg.num_layers - 1}]")
         if cache is not None:
             slots = cache.lengths[:, None] + jnp.arange(t)[None, :]
-            attn_mask = chunk_mask(cache.lengths, t, cache.max_len)
-            if mask is not None:
-                attn_mask = attn_mask & mask
+            if mask is None:  # attention reads the cache only up to the longest live row
+                attn_mask = LiveMask(chunk_limit(cache.lengths, t))
+            else:
+                attn_mask = chunk_mask(cache.lengths, t, cache.max_len) & mask
         else:
             slots = jnp.broadcast_to(jnp.arange(t)[None, :], (b, t))
             attn_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool))[None], (b, t, t))
