@@ -128,6 +128,7 @@ def carried_rows(sc: StepConfig, target_params, ids, anchors, keep, proposals, a
 
 
 def dvd_loss(params, sc: StepConfig, target_params, batch, rng):
+    target_params = jax.lax.stop_gradient(target_params)  # frozen: embedding and head included
     ids, lm = batch["input_ids"], batch["loss_mask"]
     dc, n = sc.drafter, sc.num_anchors
     feats, last = batch_features(sc, target_params, batch)

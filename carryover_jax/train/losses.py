@@ -85,6 +85,7 @@ def batch_features(sc: StepConfig, target_params, batch):
 
 def baseline_loss(params, sc: StepConfig, target_params, batch, rng):
     """Baseline parallel training: N sampled anchors per sequence, no carried rows."""
+    target_params = jax.lax.stop_gradient(target_params)  # frozen: embedding and head included
     ids, lm = batch["input_ids"], batch["loss_mask"]
     feats, last = batch_features(sc, target_params, batch)
     anchors, keep, nvalid = A.sample_anchors(rng, lm, sc.num_anchors)
