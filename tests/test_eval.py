@@ -184,8 +184,16 @@ def test_eval_end_to_end_on_tiny_models(tiny_llama, tmp_path):
     rng = np.random.default_rng(0)
     items = [Item("x", "p0", tuple(rng.integers(3, 97, 6).tolist())),
              Item("y", "p1", tuple(rng.integers(3, 97, 11).tolist()))]
-    result = run_eval(target, drafters, items, max_new_tokens=12, temperatures=(0.0,), seeds=1, batch_sizes=(2,),
-                      stop_token_ids=[], progress=False)
+    from carryover_jax.eval.diagnostics import run_diagnostics
+
+    result = run_eval(target, drafters, items, max_new_tokens=12, temperatures=(0.0,), seeds=1, batch_sizes=(1,),
+                      stop_token_ids=[], progress=False,
+                      diagnostics=lambda: run_diagnostics(target, drafters, items[:1], max_new_tokens=12,
+                                                          stop_token_ids=[], progress=False))
+    diag = result["diagnostics"]
+    assert diag["identical_to_ar"] == {"baseline": True, "carryover": True}
+    assert list(diag["replay"]) == ["carryover"] and diag["replay"]["carryover"]["rounds"] > 0
+    assert set(diag["reconvergence"]) == {"baseline", "carryover"}
     log = result["log"]
     assert len(log) == 2 * 3
     assert all(r["matches_ar"] for r in log if r["mode"] != "ar")
@@ -195,5 +203,42 @@ def test_eval_end_to_end_on_tiny_models(tiny_llama, tmp_path):
         c = s["temperatures"]["0"]["datasets"]["all"][lab]
         assert c["tau"] >= 1.0 and c["speedup"] > 0 and sum(c["accept_histogram"]) == c["rounds"]
     out = write_outputs(result, tmp_path / "eval")
-    assert "All 4 speculative sequences at T = 0 (2 drafters) are token-identical" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "All 4 speculative sequences at T = 0 (2 drafters) are token-identical" in md
+    assert "ON/OFF replay, drafter **carryover**" in md and (out / "diagnostics.png").is_file()
     assert render_markdown(json.loads((out / "results.json").read_text())) == (out / "report.md").read_text()
+
+
+def test_replay_matches_the_engines_own_drafts(tiny_llama, tmp_path):
+    """ON logits' argmax = the engine's Carryover proposals; OFF = the engine's plain-drafter proposals
+    on the same state; and the carried rows do change the draft (the replay is not vacuous)."""
+    from carryover_jax import load_target
+    from carryover_jax.decode import speculative as sp
+    from carryover_jax.decode.generate import pad_batch
+    from carryover_jax.eval import diagnostics as Dg
+    from carryover_jax.loading import load_drafter
+
+    target = load_target(tiny_llama.path, tokenizer=False)
+    d = load_drafter(_save_drafter(target, tmp_path / "c", carryover=True, seed=3), carryover=True)
+    tp, dp = target.params, d.params
+    sc_on = sp.SpecConfig(target=target.cfg, drafter=d.cfg, carryover=True)
+    sc_off = sp.SpecConfig(target=target.cfg, drafter=d.cfg, carryover=False)
+    rng = np.random.default_rng(4)
+    ids = [rng.integers(3, 97, n).tolist() for n in (5, 9, 7)]
+    s = sp.prefill(sc_on, tp, dp, jax.numpy.asarray(pad_batch(ids, 16)), jax.numpy.asarray([5, 9, 7], np.int32),
+                   jax.numpy.full((3,), 40, np.int32), jax.numpy.zeros((3,), np.float32),
+                   jax.numpy.full((8,), -1, np.int32), jax.random.key(0), max_len=64, out_len=32, max_rounds=32)
+    differs = False
+    for _ in range(4):
+        toks_on, q, s_next = sp.draft_step(sc_on, tp, dp, s)
+        toks_off, _, _ = sp.draft_step(sc_off, tp, dp, s)
+        fused = Dg._carried_is_fused(sp, d.cfg, s.carried)
+        on1, onk, off1, offk, valid = map(np.asarray, Dg.replay_hits(sc_on, tp, dp, s, toks_on, fused=fused))
+        rows = np.asarray(s.rejected_count) > 0
+        assert (valid.any(1) == rows).all()
+        assert on1[valid].all() and onk[valid].all()
+        np.testing.assert_array_equal(off1[valid], (np.asarray(toks_off) == np.asarray(toks_on))[valid])
+        assert (offk >= off1)[valid].all()
+        differs |= bool((np.asarray(toks_off) != np.asarray(toks_on))[rows].any())
+        s = sp.verify_step(sc_on, tp, dp, s_next, toks_on, q)
+    assert differs

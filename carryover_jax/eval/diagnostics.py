@@ -1,0 +1,176 @@
+"""The paper's decoding diagnostics (Figures 4-5), measured while decoding greedily (T = 0).
+
+- **ON/OFF replay** (Carryover arms): before every round's draft, the drafter's logits are computed
+  twice on the same state — same weights, same anchor, same committed-context cache — once with the
+  carried rows supplied (the engine's own buffer, visible rows j < rejected_count) and once withheld
+  (rejected_count = 0, which is the plain drafter bit for bit). Both are compared with the target's
+  tokens at the block's slots: at T = 0 the committed sequence is the AR sequence, so slot i's target
+  token is AR token out_len + i. Recall@1 = argmax equals it, Recall@16 = it is among the top 16;
+  per proposal slot, over rounds that do have carried rows. Markov drafters are teacher-forced (the
+  previous token of slot i is the target token of slot i-1) in both arms.
+- **Re-convergence of rejected branches** (every arm): for a round that accepts a < P drafts, the
+  rejected suffix is d_{a+1}..d_P; d_{a+1} lost to the correction token. For the later ones (offset
+  j = 1..P-a-1) we count (i) `aligned`: d_{a+1+j} equals the committed token at the same position, and
+  (ii) `reappear`: d_{a+1+j} occurs among the next P committed tokens after the correction.
+
+The rounds are driven from the host with the engine's `prefill`/`draft_step`/`verify_step`, so the
+decode itself is exactly the engine's; its output is checked against AR.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from carryover_jax.errors import CarryoverError
+
+TOP_K = 16
+
+
+def _carried_is_fused(sp, cfg, carried) -> bool:
+    """Whether the engine keeps carried rows already fused (d wide) or as raw taps (m·d wide)."""
+    if carried.shape[-1] != cfg.feature_dim:
+        return True
+    return cfg.feature_dim == cfg.hidden_size and hasattr(sp, "draft_parts")
+
+
+@functools.partial(jax.jit, static_argnames=("sc", "k", "fused"))
+def replay_hits(sc, target_params, draft_params, s, targets, *, k: int = TOP_K, fused: bool = False):
+    """Per row and slot: (R@1 ON, R@k ON, R@1 OFF, R@k OFF, valid), all [B, P] bool."""
+    from carryover_jax.models import drafter as D
+
+    cfg = sc.drafter
+    frozen = D.frozen_from_target(target_params, sc.target)
+    kw = {"carried_fused": True} if fused else {}
+
+    def logits(count):
+        lg = D.draft_block_logits(cfg, draft_params, frozen, s.draft_cache, s.anchor, s.carried, count, **kw)
+        return D.teacher_forced_logits(cfg, draft_params, lg, s.anchor, jnp.maximum(targets, 0))
+
+    tf = jnp.maximum(targets, 0)
+
+    def hits(lg):
+        top = jax.lax.top_k(lg, k)[1]
+        return jnp.argmax(lg, -1) == tf, jnp.any(top == tf[..., None], axis=-1)
+
+    on1, onk = hits(logits(s.rejected_count))
+    off1, offk = hits(logits(jnp.zeros_like(s.rejected_count)))
+    valid = (targets >= 0) & ((s.rejected_count > 0) & ~s.done)[:, None]
+    return on1, onk, off1, offk, valid
+
+
+def _decode_with_log(target, entry, drafter, ids: list[list[int]], ref: list[list[int]], *, max_new_tokens: int,
+                     max_len, stop_ids: list[int], replay: bool):
+    from carryover_jax.config import next_bucket
+    from carryover_jax.decode import speculative as sp
+    from carryover_jax.decode.generate import MAX_STOP_IDS, pad_batch, plan_lengths
+
+    dcfg, dp, tp = drafter.cfg, drafter.params, target.params
+    P = dcfg.num_proposals
+    n = len(ids)
+    lens = [len(r) for r in ids]
+    bucket, cache_len = plan_lengths(lens, [max_new_tokens + P + 1] * n, max_len, target.cfg.max_position_embeddings)
+    out_len = next_bucket(max_new_tokens, minimum=1)
+    sc = sp.SpecConfig(target=target.cfg, drafter=dcfg, carryover=entry.carryover, sampling=False)
+    stops = jnp.asarray(list(stop_ids) + [-1] * (MAX_STOP_IDS - len(stop_ids)), jnp.int32)
+    s = sp.prefill(sc, tp, dp, jnp.asarray(pad_batch(ids, bucket)), jnp.asarray(lens, jnp.int32),
+                   jnp.full((n,), max_new_tokens, jnp.int32), jnp.zeros((n,), jnp.float32), stops,
+                   jax.random.key(0), max_len=cache_len, out_len=out_len, max_rounds=out_len)
+    width = out_len + 2 * P + 2
+    ref_arr = np.full((n, width), -1, np.int64)
+    for i, r in enumerate(ref):
+        ref_arr[i, : len(r)] = r
+    counts = {key: np.zeros(P, np.int64) for key in ("on1", "onk", "off1", "offk", "valid")}
+    rounds_log = []  # per host iteration: (out_len before [B], active [B], proposals [B, P])
+    fused = None
+    while True:
+        done, cur = jax.device_get((s.done, s.out_len))
+        if done.all():
+            break
+        if replay:
+            if fused is None:
+                fused = _carried_is_fused(sp, dcfg, s.carried)
+            idx = cur[:, None] + np.arange(P)[None, :]
+            targets = jnp.asarray(np.take_along_axis(ref_arr, idx, axis=1), jnp.int32)
+            h = jax.device_get(replay_hits(sc, tp, dp, s, targets, k=min(TOP_K, target.cfg.vocab_size), fused=fused))
+            valid = h[4]
+            for key, arr in zip(("on1", "onk", "off1", "offk"), h[:4]):
+                counts[key] += (arr & valid).sum(0)
+            counts["valid"] += valid.sum(0)
+        toks, q, s = sp.draft_step(sc, tp, dp, s)
+        rounds_log.append((cur.copy(), ~done, np.asarray(jax.device_get(toks))))
+        s = sp.verify_step(sc, tp, dp, s, toks, q)
+    out, out_n, accepted = jax.device_get((s.out, s.out_len, s.accepted))
+    outputs = [out[i, : out_n[i]].tolist() for i in range(n)]
+    return outputs, counts, rounds_log, accepted
+
+
+def _reconvergence(rounds_log, accepted, finals: list[list[int]], P: int) -> dict[str, Any]:
+    aligned_hit, aligned_n = np.zeros(P, np.int64), np.zeros(P, np.int64)
+    reappear_hit = reappear_n = rejections = 0
+    seen_rounds = np.zeros(len(finals), np.int64)
+    for cur, active, toks in rounds_log:
+        for b in np.nonzero(active)[0]:
+            a = int(accepted[b, seen_rounds[b]])
+            seen_rounds[b] += 1
+            if a >= P:
+                continue
+            rejections += 1
+            final, base = finals[b], int(cur[b]) + a  # out index of the rejected token d_{a+1}
+            window = final[base + 1: base + 1 + P]
+            for j in range(1, P - a):
+                tok = int(toks[b, a + j])
+                if base + j < len(final):
+                    aligned_n[j - 1] += 1
+                    aligned_hit[j - 1] += tok == final[base + j]
+                if window:
+                    reappear_n += 1
+                    reappear_hit += tok in window
+    return {"rejections": rejections, "window": P,
+            "aligned_by_offset": [None if c == 0 else float(h / c) for h, c in zip(aligned_hit, aligned_n)],
+            "aligned_counts": aligned_n.tolist(),
+            "reappear_rate": float(reappear_hit / reappear_n) if reappear_n else 0.0, "reappear_tokens": reappear_n}
+
+
+def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, max_len=None,
+                    stop_token_ids=None, progress: bool = True) -> dict[str, Any]:
+    """ON/OFF replay for every Carryover arm and re-convergence for every arm, on `items` at T = 0."""
+    from tqdm import tqdm
+
+    from carryover_jax.decode.generate import generate
+
+    if not items:
+        raise CarryoverError("no prompts for the diagnostics")
+    ids = [list(it.ids) for it in items]
+    stops = list(target.stop_token_ids if stop_token_ids is None else stop_token_ids)
+    ref = [r.token_ids for r in generate(target, ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
+                                         max_len=max_len, chat=False)]
+    out: dict[str, Any] = {"prompts": len(items), "replay": {}, "reconvergence": {}, "identical_to_ar": {}}
+    for entry, d in tqdm(drafters, desc="eval diagnostics", disable=not progress):
+        P = d.cfg.num_proposals
+        finals, counts, rounds_log, accepted = _decode_with_log(
+            target, entry, d, ids, ref, max_new_tokens=max_new_tokens, max_len=max_len, stop_ids=stops,
+            replay=entry.carryover)
+        out["identical_to_ar"][entry.label] = finals == ref
+        out["reconvergence"][entry.label] = _reconvergence(rounds_log, accepted, finals, P)
+        if entry.carryover:
+            v = counts["valid"]
+
+            def rate(key):
+                return [None if n == 0 else float(h / n) for h, n in zip(counts[key], v)]
+
+            out["replay"][entry.label] = {
+                "rounds": int(v[0]),  # rounds that had carried rows (and a target token at slot 1)
+                "slot_counts": v.tolist(), "top_k": min(TOP_K, target.cfg.vocab_size),
+                "recall1_on": rate("on1"), "recall1_off": rate("off1"),
+                "recall16_on": rate("onk"), "recall16_off": rate("offk"),
+                "recall1_on_all": float(counts["on1"].sum() / max(v.sum(), 1)),
+                "recall1_off_all": float(counts["off1"].sum() / max(v.sum(), 1)),
+                "recall16_on_all": float(counts["onk"].sum() / max(v.sum(), 1)),
+                "recall16_off_all": float(counts["offk"].sum() / max(v.sum(), 1)),
+            }
+    return out
