@@ -37,19 +37,30 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _owner() -> str:
+    """PID.HOST of this process: temporary folders on shared storage are only cleaned by their own host."""
+    import hashlib
+    import socket
+
+    return f"{os.getpid()}.{hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]}"
+
+
 def clean_stale_tmp(folder: str | os.PathLike) -> list[Path]:
-    """Remove `.NAME.tmp-PID-*` / `.NAME.old-PID-*` siblings of `folder` left by a killed writer (PID gone)."""
+    """Remove `.NAME.tmp-PID.HOST-*` / `.NAME.old-PID.HOST-*` siblings of `folder` left by a killed writer
+    (one of this host whose process is gone)."""
     folder = Path(folder)
     removed = []
     if not folder.parent.is_dir():
         return removed
+    host = _owner().split(".")[1]
     for tag in (TMP_TAG, ".old-"):
         for p in folder.parent.glob(f".{folder.name}{tag}*"):
             try:
-                pid = int(p.name[len(folder.name) + 1 + len(tag):].split("-")[0])
+                pid, h = p.name[len(folder.name) + 1 + len(tag):].split("-")[0].split(".")
+                pid = int(pid)
             except ValueError:
                 continue
-            if pid != os.getpid() and not _pid_alive(pid):
+            if h == host and pid != os.getpid() and not _pid_alive(pid):
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
     return removed
@@ -86,7 +97,7 @@ def atomic_dir(folder: str | os.PathLike, write: Callable[[Path], None], *,
     except OSError as e:
         raise CarryoverError(f"cannot create {folder.parent}: {e.strerror or e}") from None
     clean_stale_tmp(folder)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}{TMP_TAG}{os.getpid()}-", dir=folder.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}{TMP_TAG}{_owner()}-", dir=folder.parent))
     aside = None
     try:
         umask = os.umask(0)
@@ -100,7 +111,7 @@ def atomic_dir(folder: str | os.PathLike, write: Callable[[Path], None], *,
         (tmp / COMPLETE).write_text("")
         _fsync(tmp)
         if folder.exists():
-            aside = folder.parent / f".{folder.name}.old-{os.getpid()}-{tmp.name[-8:]}"
+            aside = folder.parent / f".{folder.name}.old-{_owner()}-{tmp.name[-8:]}"
             os.replace(folder, aside)
         os.replace(tmp, folder)
         _fsync(folder.parent)

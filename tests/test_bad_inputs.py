@@ -141,7 +141,8 @@ def words(n: int) -> str:
 def train_args(e: Env, *extra: str, store: str | None = None, out: str | None = None) -> list[str]:
     return ["train", "--config", "tiny", "--quiet", "--set", f"target={e.target}",
             "--set", f"data.store={store or e.store}", "--set", f"out_dir={out or e.tmp / 'run'}",
-            "--set", "data.max_len=32", "--set", "data.min_loss_tokens=2", *extra]
+            "--set", "data.max_len=32", "--set", "data.min_loss_tokens=2", "--set", "drafter.target_layer_ids=(0,1)",
+            *extra]
 
 
 def corrupt_store(e: Env, fn: Callable[[Path], Any]) -> str:
@@ -409,3 +410,226 @@ def test_table_size():
     covered = {a for r in CLI_ROWS for a in ("generate", "prepare", "train", "export", "init-drafter", "convert")
                if a in r.id}
     assert covered == {"generate", "prepare", "train", "export", "init-drafter", "convert"}
+
+
+# ---- fault rows ----------------------------------------------------------------------------------------
+def _train_cfg(e: Env, out: Path, **kw):
+    from carryover_jax.config import DataConfig, DrafterSpec, TrainConfig
+
+    base = dict(
+        target=str(e.target),
+        drafter=DrafterSpec(kind="dflash", layout="zlab", num_proposals=3, num_layers=1, target_layer_ids=(0, 1),
+                            mask_token_id=4),
+        data=DataConfig(store=str(e.store), max_len=32, min_loss_tokens=2),
+        out_dir=str(out), batch_size=8, num_anchors=4, steps=8, log_every=1, save_every=2, keep_checkpoints=5,
+        async_checkpointing=False, lr=3e-3,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _losses(out: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """A persistent XLA cache for this module's training runs (in process and in the subprocess): the four
+    runs compile the same step, and re-using it saves ~15 s each. Restored to off afterwards."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    d = str(tmp_path_factory.mktemp("xla_cache"))
+    old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    jax.config.update("jax_compilation_cache_dir", d)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    cc.reset_cache()
+    yield d
+    jax.config.update("jax_compilation_cache_dir", old[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+    cc.reset_cache()
+
+
+@pytest.fixture(scope="module")
+def reference_run(base, compile_cache, tmp_path_factory):
+    """An uninterrupted tiny training run: the losses the interrupted ones must reproduce."""
+    from carryover_jax.train.loop import train
+
+    out = tmp_path_factory.mktemp("reference") / "run"
+    summary = train(_train_cfg(base, out), progress=False)
+    assert summary["finished"]
+    return _losses(out)
+
+
+def _driver(e: Env, body: str, argv: list[str], timeout: int = 240, cache: str | None = None
+            ) -> subprocess.CompletedProcess:
+    """Run `carryover <argv>` in a subprocess after `body` (Python that arranges a fault) ran there."""
+    script = e.tmp / "driver.py"
+    script.write_text(textwrap.dedent(body) + textwrap.dedent(f"""
+        from carryover_jax.cli import main
+        sys.exit(main({argv!r}))
+    """))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", CARRYOVER_CACHE=str(e.tmp / "cache"))
+    if cache:
+        env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout,
+                          cwd=str(ROOT), env=env)
+
+
+def test_fault_sigterm_saves_and_resumes_to_the_same_losses(env, reference_run, compile_cache):
+    """SIGTERM (SLURM's preemption notice) after step 3: a checkpoint of step 3, a clean exit 0 with a
+    one-line notice; the re-run resumes from it and logs the uninterrupted run's losses."""
+    from carryover_jax.train.loop import train
+
+    out = env.tmp / "run"
+    cfg_file = env.tmp / "cfg.py"
+    cfg_file.write_text(
+        "from carryover_jax.config import *\n"
+        f"CONFIG = {_train_cfg(env, out)!r}\n"
+    )
+    # a real SIGTERM sent to the process by the kernel, timed deterministically: right after step 3
+    proc = _driver(env, """
+        import os, signal, sys
+        import carryover_jax.train.faults as faults
+        _record = faults.FiniteGuard.record
+        def record(self, step, metrics):
+            _record(self, step, metrics)
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+        faults.FiniteGuard.record = record
+    """, ["train", "--config", str(cfg_file), "--quiet"], cache=compile_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert "stopped by SIGTERM after step 3" in proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["finished"] is False and summary["steps"] == 3 and summary["stopped_by"] == "SIGTERM"
+    assert max(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == 3
+    assert not (out / "drafter").exists()
+
+    resumed = train(_train_cfg(env, out), progress=False)  # the resubmitted job
+    assert resumed["finished"]
+    got = _losses(out)
+    assert sorted(got) == sorted(reference_run)
+    for step, loss in reference_run.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
+
+
+def test_fault_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(env, monkeypatch, compile_cache):
+    """A state that turns NaN at step 5: the run stops with the step named, nothing from step 5 on is
+    saved, and the newest checkpoint (step 4) restores with finite values."""
+    import jax
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
+    import carryover_jax.train.loop as loop
+
+    real = loop.compile_step
+
+    def poisoned(*a, **kw):
+        fn = real(*a, **kw)
+        calls = {"n": 0}
+
+        def step(state, target_params, batch):
+            calls["n"] += 1
+            if calls["n"] == 5:  # step 5 of a fresh run: the loss and gradients come out NaN
+                state = state.replace(params=jax.tree_util.tree_map(lambda x: x * jnp.nan, state.params))
+            return fn(state, target_params, batch)
+
+        return step
+
+    monkeypatch.setattr(loop, "compile_step", poisoned)
+    out = env.tmp / "run"
+    with pytest.raises(TrainingError, match=r"non-finite loss and gradient norm at step 5 \(loss nan.*"
+                                            r"the last good checkpoint is step 4"):
+        loop.train(_train_cfg(env, out, log_every=3), progress=False)
+    steps = sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps and max(steps) == 4
+    assert not (out / "drafter").exists()
+    restored = ocp.StandardCheckpointer().restore((out / "checkpoints" / "4" / "state").absolute())
+    leaves = jax.tree_util.tree_leaves(restored)
+    assert leaves and all(np.all(np.isfinite(np.asarray(x))) for x in leaves if np.asarray(x).dtype.kind == "f")
+
+
+def test_fault_full_disk_fails_before_training(env, monkeypatch, capsys):
+    import carryover_jax.train.faults as faults
+
+    monkeypatch.setattr(faults.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10 << 30, 10 << 30, 1 << 20))
+    rc, err = _run_cli(train_args(env), capsys)
+    assert rc == 2 and "Traceback" not in err
+    assert re.search(r"carryover train: error: the output folder .*run has 1\.0 MiB free; checkpoints of this run "
+                     r"need about [\d.]+ MiB", err), err
+    assert not (env.tmp / "run" / "checkpoints").exists()  # nothing started
+
+
+_KILL_AFTER_WEIGHTS = """
+    import os, signal, sys
+    import carryover_jax.io as io
+    _fsync = io._fsync
+    def fsync_then_die(path):
+        _fsync(path)
+        if path.name == "model.safetensors":  # weights written into the temporary folder: die now
+            os.kill(os.getpid(), signal.SIGKILL)
+    io._fsync = fsync_then_die
+"""
+
+
+def test_fault_sigkill_during_export_keeps_the_previous_export(env):
+    from carryover_jax.loading import load_drafter
+
+    out = env.tmp / "export"
+    prev = _driver(env, "import sys\n", ["export", "--drafter", str(env.drafter), "--format", "zlab",
+                                         "--dtype", "float32", "--out", str(out)])
+    assert prev.returncode == 0, prev.stderr[-2000:]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    killed = _driver(env, _KILL_AFTER_WEIGHTS, ["export", "--drafter", str(env.drafter), "--format", "zlab",
+                                                "--dtype", "bfloat16", "--out", str(out)])
+    assert killed.returncode == -signal.SIGKILL
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the previous complete export, untouched
+    assert [p for p in env.tmp.iterdir() if p.name.startswith(".export.tmp-")]  # the killed writer's leftovers
+    load_drafter(out)
+    again = _driver(env, "import sys\n", ["export", "--drafter", str(env.drafter), "--format", "zlab",
+                                          "--dtype", "bfloat16", "--out", str(out)])
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not [p for p in env.tmp.iterdir() if p.name.startswith(".export.")]  # cleaned by the next writer
+    assert load_drafter(out).cfg.backbone.dtype  # loads
+
+
+def test_fault_sigkill_during_init_drafter_leaves_nothing_that_looks_complete(env, capsys):
+    out = env.tmp / "fresh"
+    killed = _driver(env, _KILL_AFTER_WEIGHTS, ["init-drafter", "--target", str(env.target), "--layers", "1",
+                                                "--proposals", "3", "--layer-ids", "0,1", "--out", str(out)])
+    assert killed.returncode == -signal.SIGKILL
+    assert not out.exists()
+    rc, err = _run_cli(GEN + ["--target", str(env.target), "--drafter", str(out)], capsys)
+    assert rc == 2 and re.search(r"no such drafter folder: .*fresh", err), err
+
+
+def test_fault_half_written_conversion_is_not_trusted(env, monkeypatch):
+    """A GGUF cache entry without the completion marker (a killed conversion, or a copied partial folder)
+    is converted again; a finished one is reused."""
+    import carryover_jax.weights.registry as registry
+    from carryover_jax.io import atomic_dir
+    from carryover_jax.weights.gguf import SOURCE_FILE, is_converted, source_info
+
+    gguf = Path(write(env, "m.gguf", b"GGUF" + b"\0" * 60))
+    calls = []
+
+    def fake_convert(src, out):
+        calls.append(out)
+
+        def fill(tmp):
+            for f in env.target.iterdir():
+                shutil.copy(f, tmp / f.name)
+            (tmp / SOURCE_FILE).write_text(json.dumps(source_info(Path(src))))
+
+        atomic_dir(out, fill)
+
+    monkeypatch.setattr(registry, "convert_gguf", fake_convert)
+    first = registry.resolve_target(gguf)
+    assert len(calls) == 1 and is_converted(gguf, first)
+    assert registry.resolve_target(gguf) == first and len(calls) == 1  # complete: reused
+    truncate(first / "model.safetensors")  # a half-written entry, as a non-atomic writer would leave it
+    (first / ".complete").unlink()
+    assert not is_converted(gguf, first)
+    registry.resolve_target(gguf)
+    assert len(calls) == 2 and is_converted(gguf, first)
