@@ -151,6 +151,19 @@ def corrupt_store(e: Env, fn: Callable[[Path], Any]) -> str:
     return str(d)
 
 
+def _int64_tokens(d: Path) -> None:
+    from carryover_jax.train.store import TOKEN_CHUNK, _create_array
+
+    shutil.rmtree(d / "tokens")
+    _create_array(d, "tokens", "int64", (), TOKEN_CHUNK, True)
+
+
+def _file_in(folder: Path, name: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("x")
+    return folder
+
+
 # ---- the table ---------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Row:
@@ -331,6 +344,10 @@ CLI_ROWS = [
     Row("train store commit past the data", lambda e: train_args(e, store=corrupt_store(
         e, lambda d: edit_json(d / "commit.json", lambda c: {**c, "tokens": c["tokens"] * 10}))),
         r"tokens/ in response store .* fewer than the \d+ committed"),
+    Row("train store array wrong dtype", lambda e: train_args(e, store=corrupt_store(e, _int64_tokens)),
+        r"array tokens/ in response store .* is int64 \[0\], expected int32 \[T\]"),
+    Row("train checkpoints folder is a file", lambda e: train_args(e, out=str(_file_in(e.tmp / "run", "checkpoints"))),
+        r"checkpoint folder .*run/checkpoints is a file"),
     Row("train out_dir unwritable", lambda e: train_args(e, out=str(Path(write(e, "file", "x")) / "run")),
         r"cannot create the output folder .*file/run"),
     Row("train unknown config", lambda e: ["train", "--config", "nope"], r"no such config: 'nope'"),

@@ -16,16 +16,21 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
-from carryover_jax.errors import CheckpointError
+from carryover_jax.errors import CheckpointError, first_line
 
 
 class Checkpointer:
     def __init__(self, directory: str | Path, *, save_every: int, keep: int, async_save: bool = True):
         self.directory = Path(directory).absolute()
+        if self.directory.exists() and not self.directory.is_dir():
+            raise CheckpointError(f"checkpoint folder {self.directory} is a file")
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=save_every, max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        try:
+            self.manager = ocp.CheckpointManager(self.directory, options=options)
+        except Exception as e:  # unreadable folder, foreign contents
+            raise CheckpointError(f"cannot open checkpoint folder {self.directory} ({first_line(e)})") from None
 
     def save(self, step: int, state: Any, data_iter=None, *, force: bool = False) -> bool:
         items = {"state": ocp.args.StandardSave(state)}
@@ -48,13 +53,15 @@ class Checkpointer:
             try:
                 out = self.manager.restore(step, args=ocp.args.Composite(**items))
             except Exception as e:  # orbax raises many types for truncated/corrupt files
-                msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                log(f"checkpoint step {step} in {self.directory} is unreadable ({msg[:200]}); trying an older one")
+                log(f"checkpoint step {step} in {self.directory} is unreadable ({first_line(e)}); trying an older one")
                 failures.append(step)
                 continue
             return out["state"], step
         if failures:
-            raise CheckpointError(f"no readable checkpoint in {self.directory} (steps {failures} are corrupt)")
+            raise CheckpointError(
+                f"no readable checkpoint in {self.directory} (steps {failures} are corrupt, or were saved by a run "
+                "with another drafter/optimizer config: use a new out_dir or delete them)"
+            )
         return None
 
     def wait(self):

@@ -105,6 +105,14 @@ class ResponseStore:
         self.writable = writable
         names = ["tokens", "loss_mask", "offsets"] + [n for n, k in _ROWS.items() if self.info.get(k)]
         self._arrays = {n: self._open_array(n) for n in names}
+        for n, arr in self._arrays.items():
+            want_dtype = {"tokens": "int32", "loss_mask": "uint8", "offsets": "int64"}.get(n, "bfloat16")
+            want_rank = 2 if n in _ROWS else 1
+            if str(arr.dtype.numpy_dtype) != want_dtype or arr.rank != want_rank or (
+                    n in _ROWS and arr.shape[1] != self.info[_ROWS[n]]):
+                want = f"{want_dtype} [{'T, ' + str(self.info[_ROWS[n]]) if n in _ROWS else 'T'}]"
+                raise DataError(f"array {n}/ in response store {self.path} is {arr.dtype.numpy_dtype} "
+                                f"{list(arr.shape)}, expected {want}")
         self._load_commit()
         if writable:
             # Whatever a killed writer left past the commit is garbage: drop it from the id files
