@@ -330,6 +330,22 @@ CLI_ROWS = [
         r"top_p must be in \(0, 1\]"),
     Row("prepare unknown key", lambda e: ["prepare", "--config", "tiny", "--set", "data.nope=1"],
         r"unknown config key 'data\.nope'"),
+    # eval
+    Row("eval drafter truncated", lambda e: [
+        "eval", "--target", str(e.target), "--quiet", "--no-plots", "--out", str(e.tmp / "o"), "--datasets",
+        str(e.prompts), "--drafter", "a=" + drafter_with(e, lambda d: truncate(d / "model.safetensors"))],
+        r"truncated or corrupt safetensors file .*drafter/model\.safetensors"),
+    Row("eval dataset invalid JSON", lambda e: [
+        "eval", "--target", str(e.target), "--quiet", "--no-plots", "--out", str(e.tmp / "o"),
+        "--drafter", f"a={e.drafter}", "--datasets", write(e, "ds.jsonl", '{"prompt": \n')],
+        r"ds\.jsonl:1: invalid JSON"),
+    Row("eval temperature inf", lambda e: [
+        "eval", "--target", str(e.target), "--quiet", "--no-plots", "--out", str(e.tmp / "o"),
+        "--drafter", f"a={e.drafter}", "--datasets", str(e.prompts), "--temperatures", "inf"],
+        r"temperature must be a finite number >= 0"),
+    Row("eval results.json truncated", lambda e: ["eval", "--out", str(e.tmp / "o"), "--from-json",
+                                                  write(e, "results.json", '{"config": ')],
+        r"results\.json: not valid JSON"),
     # train
     Row("train store missing", lambda e: train_args(e, store=str(e.tmp / "nostore")),
         r"no such response store .*nostore"),
@@ -424,9 +440,8 @@ def test_api_row(row_id, env):
 def test_table_size():
     assert len(CLI_ROWS) + len(API_ROW_IDS) >= 30
     assert len(API_ROW_IDS) == len(_api_rows())
-    covered = {a for r in CLI_ROWS for a in ("generate", "prepare", "train", "export", "init-drafter", "convert")
-               if a in r.id}
-    assert covered == {"generate", "prepare", "train", "export", "init-drafter", "convert"}
+    commands = {"generate", "prepare", "train", "export", "init-drafter", "convert", "eval"}
+    assert {a for r in CLI_ROWS for a in commands if r.id.startswith(a)} == commands
 
 
 # ---- fault rows ----------------------------------------------------------------------------------------
