@@ -5,6 +5,10 @@
 - `tiny`: seconds-long smoke run of the whole pipeline (tests, CI).
 - `smollm2`: the embedded default on this CPU (SmolLM2-135M-Instruct from PyPI, ShareGPT prompts).
 - `qwen3_4b`: the paper's Qwen3-4B settings (Table 4), for a GPU pod.
+
+Stages: `smollm2:dvd` / `smollm2:control` (and the same for `qwen3_4b`, `tiny`) continue the baseline
+drafter of CONFIG with DVD training and with its equal-compute control (same steps, data order and
+anchors, no carried rows), each into its own out_dir.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ NAMES = ("tiny", "smollm2", "qwen3_4b")
 
 
 def load_config(name_or_path: str):
-    """A config module name from this package or a path to a Python file defining CONFIG."""
+    """A config module name from this package or a path to a Python file defining CONFIG; `NAME:STAGE`
+    picks a later training stage the module defines in STAGES (e.g. `smollm2:dvd`, `smollm2:control`:
+    DVD and its equal-compute control, both continuing the baseline drafter)."""
+    name_or_path, _, stage = name_or_path.partition(":")
     path = Path(name_or_path)
     if name_or_path in NAMES:
         path = Path(__file__).with_name(f"{name_or_path}.py")
@@ -32,4 +39,9 @@ def load_config(name_or_path: str):
         raise ConfigError(f"config {path} failed to load: {e}") from None
     if not hasattr(module, "CONFIG"):
         raise ConfigError(f"config {path} defines no CONFIG")
+    if stage:
+        stages = getattr(module, "STAGES", {})
+        if stage not in stages:
+            raise ConfigError(f"config {path} has no stage {stage!r} (stages: {', '.join(stages) or 'none'})")
+        return stages[stage]
     return module.CONFIG

@@ -30,3 +30,12 @@ CONFIG = TrainConfig(
     log_every=10,
     save_every=3000,
 )
+
+# The paper's Carryover stage: +3 epochs of DVD from the converged baseline, and the equal-compute control
+# (the same 3 epochs without carried rows), which the paper did not run.
+_CONTINUE = dict(init_from="/data/carryover/qwen3_4b/train/drafter", epochs=3)
+STAGES = {
+    "dvd": CONFIG.replace(name="qwen3_4b-dvd", mode="dvd", out_dir="/data/carryover/qwen3_4b/dvd", **_CONTINUE),
+    "control": CONFIG.replace(name="qwen3_4b-control", mode="control", out_dir="/data/carryover/qwen3_4b/control",
+                              **_CONTINUE),
+}

@@ -26,3 +26,12 @@ CONFIG = TrainConfig(
     log_every=10,
     save_every=100,
 )
+
+# The continuation stage: from the finished baseline drafter, DVD training (Carryover) and the equal-compute
+# control, each for 30% of the baseline's steps (the paper: 10 epochs, then +3), same seed so both see the
+# same batches and anchors. `carryover train --config smollm2:dvd` / `--config smollm2:control`.
+_CONTINUE = dict(init_from="runs/smollm2/train/drafter", steps=120, lr=3e-4, warmup_ratio=0.05, save_every=60)
+STAGES = {
+    "dvd": CONFIG.replace(name="smollm2-dvd", mode="dvd", out_dir="runs/smollm2/dvd", **_CONTINUE),
+    "control": CONFIG.replace(name="smollm2-control", mode="control", out_dir="runs/smollm2/control", **_CONTINUE),
+}

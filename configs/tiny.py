@@ -16,3 +16,9 @@ CONFIG = TrainConfig(
     save_every=3,
     async_checkpointing=False,
 )
+
+_CONTINUE = dict(init_from="runs/tiny/train/drafter", steps=4, save_every=2)
+STAGES = {
+    "dvd": CONFIG.replace(name="tiny-dvd", mode="dvd", out_dir="runs/tiny/dvd", **_CONTINUE),
+    "control": CONFIG.replace(name="tiny-control", mode="control", out_dir="runs/tiny/control", **_CONTINUE),
+}

@@ -213,3 +213,136 @@ def test_token_interfaces_embed_through_the_frozen_embedding():
             seq = jnp.concatenate([ids[i, :s_n + 1], props[i, n]])[None]
             logits = tm.apply({"params": tp}, seq)[0][0]
             assert out["target_tokens"][i, n * p] == int(jnp.argmax(logits[s_n + a + 1]))
+
+
+# ---- a toy where the carried states reveal the answer ------------------------------------------------------
+V_TOY = 32
+
+
+def _pair_target(seed=0):
+    """A hand-built target (one working layer) whose greedy next token is x_{p+1} = h(x_{p-1}, x_{p-2}) for a
+    random table h, whatever x_p is. Residual stream: [one-hot x_p | x_{p-1} | x_{p-2} | output]; head 1
+    attends to offset 1 and head 2 to offset 2 (RoPE-only scores from the q/k biases), an MLP neuron per
+    pair writes e_h into the output block, which the LM head reads. So the state at a rejected position s'
+    (computed on the wrong draft token) already holds the right token for s' + 1, while a small drafter
+    would have to learn the V^2-entry table to draft it without carryover (V = 32: sequences of 32 tokens
+    rarely close a cycle that could be copied from the context instead)."""
+    v = V_TOY
+    cfg = TargetConfig(family="llama", vocab_size=v, hidden_size=4 * v, intermediate_size=v * v, num_layers=2,
+                       num_heads=2, num_kv_heads=2, head_dim=v, rope_theta=10.0, attention_bias=True, mlp_bias=True,
+                       rms_norm_eps=1e-6)
+    table = np.random.default_rng(seed).integers(0, v, (v, v))
+    p = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, np.float32), init_params(cfg, jax.random.key(0)))
+    p["embed_tokens"]["embedding"][:, :v] = np.eye(v)
+    at = p["layers"]["0"]["self_attn"]
+    half = v // 2
+    theta = 10.0 ** (-np.arange(half) * 2 / v)
+    scale = np.sqrt(4 * v)  # the input norm scales a one-hot by sqrt(hidden)
+    for head, offset in ((0, 1), (1, 2)):
+        cols = slice(head * v, (head + 1) * v)
+        at["q_proj"]["bias"][cols][:half] = 8.0
+        at["k_proj"]["bias"][cols][:half] = 8.0 * np.cos(theta * offset)
+        at["k_proj"]["bias"][cols][half:] = 8.0 * np.sin(theta * offset)
+        at["v_proj"]["kernel"][:v, cols] = np.eye(v) / scale
+        at["o_proj"]["kernel"][cols, v * (head + 1):v * (head + 2)] = np.eye(v)
+    mlp = p["layers"]["0"]["mlp"]
+    z = np.sqrt(4 * v / 3)  # the post-attention norm of three unit entries
+    for a in range(v):
+        for b in range(v):
+            n = a * v + b
+            mlp["gate_proj"]["kernel"][v + a, n] = mlp["gate_proj"]["kernel"][2 * v + b, n] = 2.0
+            mlp["gate_proj"]["bias"][n] = -3.0 * z
+            mlp["down_proj"]["kernel"][n, 3 * v + table[a, b]] = 10.0
+    mlp["up_proj"]["bias"][:] = 1.0
+    for k in ("input_layernorm", "post_attention_layernorm"):  # layer 1 (all zeros) passes the stream through
+        p["layers"]["0"][k]["weight"][:] = 1.0
+    p["norm"]["weight"][:] = 1.0
+    p["lm_head"]["kernel"][3 * v:, :] = np.eye(v)
+    return cfg, jax.tree_util.tree_map(jnp.asarray, p), table
+
+
+def _pair_data(table, rng, n, s=32, prompt=3):
+    ids = np.zeros((n, s), np.int32)
+    ids[:, :prompt] = rng.integers(0, V_TOY, (n, prompt))
+    for t in range(prompt, s):
+        ids[:, t] = table[ids[:, t - 2], ids[:, t - 3]]
+    lm = np.zeros((n, s), np.int32)
+    lm[:, prompt:] = 1
+    return ids, lm
+
+
+def test_dvd_teaches_carryover_what_carried_rows_mean():
+    from carryover_jax import speculative_generate
+    from carryover_jax.decode.generate import generate
+    from carryover_jax.loading import Target
+    from carryover_jax.train.step import init_state, make_optimizer, train_step
+
+    tcfg, tp, table = _pair_target()
+    target = Target(tcfg, tp)
+    rng = np.random.default_rng(0)
+    prompts = [list(map(int, r)) for r in rng.integers(0, V_TOY, (4, 3))]
+    ar = generate(target, prompts, max_new_tokens=20, chat=False)
+    for pr, out in zip(prompts, ar):  # the hand-built target follows its rule
+        seq = list(pr)
+        for _ in range(20):
+            seq.append(int(table[seq[-2], seq[-3]]))
+        assert list(out.token_ids) == seq[3:]
+
+    dc = DrafterConfig.for_target(tcfg, kind="dflash", layout="zlab", num_proposals=3, num_layers=1, mask_token_id=0,
+                                  target_layer_ids=(0,))
+    dc = dc.replace(backbone=dc.backbone.replace(intermediate_size=4))  # too small to learn the table itself
+    params0 = init_drafter_params(dc, jax.random.key(1))
+    data_rng = np.random.default_rng(1)
+    batches = [_pair_data(table, data_rng, 8) for _ in range(120)]
+    taus = {}
+    for mode in ("dvd", "control"):
+        cfg = TrainConfig(num_anchors=8, mode=mode, lr=1e-2, steps=len(batches), warmup_ratio=0.05)
+        sc = step_config(cfg, tcfg, dc)
+        opt = make_optimizer(cfg, cfg.steps)
+        state = init_state(params0, opt, 0)
+        step = jax.jit(train_step, static_argnums=(0, 1))
+        for ids, lm in batches:
+            state, m = step(sc, opt, state, tp, {"input_ids": ids, "loss_mask": lm})
+        _, stats = speculative_generate(target, (dc, state.params), prompts, carryover=mode == "dvd",
+                                        max_new_tokens=24, chat=False)
+        taus[mode] = stats["tau"]
+    assert taus["dvd"] > taus["control"] + 0.4, taus
+
+
+def test_dvd_and_control_continue_a_baseline_and_resume_exactly(tiny_llama, tmp_path):
+    import json
+
+    from carryover_jax.config import DataConfig, DrafterSpec
+    from carryover_jax.train.loop import train
+    from tests.synthetic import synthetic_store
+
+    store = synthetic_store(tmp_path / "store")
+
+    def cfg(out, **kw):
+        base = dict(target=str(tiny_llama.path), data=DataConfig(store=str(store), max_len=32, min_loss_tokens=2),
+                    drafter=DrafterSpec(kind="dflash", layout="zlab", num_proposals=3, num_layers=1,
+                                        target_layer_ids=(0, 1), mask_token_id=4),
+                    out_dir=str(tmp_path / out), batch_size=8, num_anchors=4, steps=6, log_every=1, save_every=2,
+                    async_checkpointing=False, lr=3e-3)
+        return TrainConfig(**{**base, **kw})
+
+    def metrics(out):
+        return {r["step"]: r for r in map(json.loads, (tmp_path / out / "metrics.jsonl").read_text().splitlines())}
+
+    assert train(cfg("base", steps=4), progress=False)["finished"]
+    init = str(tmp_path / "base" / "drafter")
+    for mode in ("dvd", "control"):
+        assert train(cfg(mode, mode=mode, init_from=init), progress=False)["finished"]
+    dvd_m, ctl_m = metrics("dvd"), metrics("control")
+    # same starting drafter, same batches and anchors: draft 1 is identical at step 1
+    assert dvd_m[1]["draft1/rejected_hist"] == ctl_m[1]["draft1/rejected_hist"]
+    assert dvd_m[1]["draft1/tau"] == ctl_m[1]["draft1/tau"]
+    assert len(dvd_m[6]["draft1/rejected_hist"]) == 4 and "off/ce_loss" in dvd_m[6] and "off/ce_loss" not in ctl_m[6]
+    assert (tmp_path / "dvd" / "metrics.png").is_file()
+    # killed after step 3 and resumed: every later loss as in the uninterrupted run
+    part = train(cfg("dvd2", mode="dvd", init_from=init), progress=False, stop_at_step=3)
+    assert not part["finished"]
+    train(cfg("dvd2", mode="dvd", init_from=init), progress=False)
+    again = metrics("dvd2")
+    for s in range(1, 7):
+        assert again[s]["loss"] == pytest.approx(dvd_m[s]["loss"], rel=1e-5, abs=1e-6), s

@@ -106,10 +106,11 @@ def test_drafter_learns_a_deterministic_toy_target(kind):
         assert last["top1_acc@slot"][0] > 0.9
 
 
-def test_sharded_step_equals_unsharded():
+@pytest.mark.parametrize("mode", ["baseline", "dvd"])
+def test_sharded_step_equals_unsharded(mode):
     assert jax.device_count() == 8
     dc = _drafter_cfg("markov", "zlab")
-    cfg = TrainConfig(num_anchors=6, steps=4)
+    cfg = TrainConfig(num_anchors=6, steps=4, mode=mode)
     sc = step_config(cfg, TCFG, dc)
     tp = init_params(TCFG, jax.random.key(0))
     opt = make_optimizer(cfg, cfg.steps)

@@ -1,4 +1,5 @@
-"""PNG plots of a run's metrics.jsonl (loss terms, estimated tau, per-slot accept rates)."""
+"""PNG plots of a run's metrics.jsonl (loss terms, estimated tau, per-slot accept rates; for DVD runs also
+draft 1's greedy tau, draft 2 with carried rows withheld, and the rejected-count distribution)."""
 
 from __future__ import annotations
 
@@ -20,20 +21,32 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
         raise CarryoverError(f"{path} has no metrics to plot")
     steps = [r["step"] for r in recs]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for key in ("loss", "ce_loss", "l1_loss"):
+    dvd = "draft1/tau" in recs[0]
+    fig, axes = plt.subplots(1, 4 if dvd else 3, figsize=(20 if dvd else 15, 4))
+    for key in ("loss", "ce_loss", "l1_loss", "off/ce_loss"):
         if key in recs[0]:
             axes[0].plot(steps, [r[key] for r in recs], label=key)
-    axes[0].set_title("loss")
+    axes[0].set_title("loss" + (" (draft 2; off/ = carried rows withheld)" if dvd else ""))
     axes[0].legend()
-    if "tau_estimate" in recs[0]:
-        axes[1].plot(steps, [r["tau_estimate"] for r in recs])
-    axes[1].set_title("estimated tau (teacher forced)")
+    for key, label in (("tau_estimate", "teacher-forced estimate"), ("off/tau_estimate", "estimate, carried withheld"),
+                       ("draft1/tau", "draft 1, greedy")):
+        if key in recs[0]:
+            axes[1].plot(steps, [r[key] for r in recs], label=label)
+    axes[1].set_title("tau")
+    axes[1].legend()
     key = "accept_rate@slot" if "accept_rate@slot" in recs[0] else "top1_acc@slot"
     last = recs[-1][key]
-    axes[2].bar(range(len(last)), last)
+    axes[2].bar(range(len(last)), last, label="carried" if dvd else None)
+    if "off/top1_acc@slot" in recs[-1] and key == "top1_acc@slot":
+        axes[2].plot(range(len(last)), recs[-1]["off/top1_acc@slot"], "k.", label="withheld")
+        axes[2].legend()
     axes[2].set_title(f"{key} at step {steps[-1]}")
     axes[2].set_xlabel("proposal slot")
+    if dvd:  # how many rows draft 2 gets to see: the distribution of rejected counts at draft 1
+        hist = recs[-1]["draft1/rejected_hist"]
+        axes[3].bar(range(len(hist)), hist)
+        axes[3].set_title(f"draft 1 rejected count P - a at step {steps[-1]}")
+        axes[3].set_xlabel("rejected rows carried")
     for ax in axes[:2]:
         ax.set_xlabel("step")
     fig.tight_layout()
