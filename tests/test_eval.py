@@ -152,61 +152,90 @@ def _save_drafter(target, path, *, mask=4, carryover=True, seed=0, hidden=None):
     return str(path)
 
 
-def test_eval_refuses_a_drafter_for_another_target_or_mask(tiny_llama, tmp_path):
+@pytest.fixture(scope="module")
+def tok_target(tiny_llama, tmp_path_factory):
+    """The tiny Llama with a word-level tokenizer (`w5 w6 ...` = ids 5, 6, ...), a chat template, and
+    `<empty_output>` = id 4, so the target's default MASK row is 4."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("eval_target") / "target"
+    shutil.copytree(tiny_llama.path, folder)
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "<empty_output>": 4}
+    vocab.update({f"w{i}": i for i in range(5, 97)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    fast.save_pretrained(folder)
+    return folder
+
+
+def test_eval_refuses_a_drafter_for_another_target_or_mask(tok_target, tmp_path, capsys):
     from carryover_jax import load_target
+    from carryover_jax.cli import main
     from carryover_jax.eval.run import DrafterEntry, load_entries
 
-    target = load_target(tiny_llama.path, tokenizer=False)
+    target = load_target(tok_target, tokenizer=False)
     good = _save_drafter(target, tmp_path / "good", mask=4)
     other_mask = _save_drafter(target, tmp_path / "mask", mask=7)
     wide = _save_drafter(target, tmp_path / "wide", hidden=32)
-    with pytest.raises(CarryoverError) as e:
-        load_entries(target, [DrafterEntry("b", good), DrafterEntry("c", other_mask, True)], mask_token_id=4)
-    assert str(e.value) == "drafter c: MASK token id 7 does not match the target's MASK id 4"
-    with pytest.raises(CarryoverError) as e:  # no target default: the drafters must agree with the first one
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w5 w6 w7"}\n')
+    base = ["eval", "--target", str(tok_target), "--datasets", str(prompts), "--quiet", "--out", str(tmp_path / "o"),
+            "--drafter", f"b={good}"]
+    assert main(base + ["--drafter", f"c={other_mask}:carryover"]) == 2
+    err = capsys.readouterr().err
+    assert err == "carryover eval: error: drafter c: MASK token id 7 does not match the target's MASK id 4\n"
+    assert main(base + ["--drafter", f"w={wide}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("carryover eval: error: drafter w: drafter/target mismatch") and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+    # a target without a default MASK row: the drafters must agree with the first one
+    with pytest.raises(CarryoverError, match="drafter c: MASK token id 7 does not match the target's MASK id 4"):
         load_entries(target, [DrafterEntry("b", good), DrafterEntry("c", other_mask)])
-    assert "\n" not in str(e.value) and "MASK token id 7" in str(e.value)
-    with pytest.raises(CarryoverError) as e:
-        load_entries(target, [DrafterEntry("w", wide)], mask_token_id=4)
-    assert str(e.value).startswith("drafter w: drafter/target mismatch") and "\n" not in str(e.value)
 
 
-def test_eval_end_to_end_on_tiny_models(tiny_llama, tmp_path):
+def test_eval_end_to_end_on_tiny_models(tok_target, tmp_path, capsys):
+    """The CLI on a tiny target: 2 JSONL prompts at T = 0, a baseline and a Carryover arm, throughput at
+    batch 1, diagnostics; every speculative sequence equals AR; the report re-renders from the JSON."""
     from carryover_jax import load_target
+    from carryover_jax.cli import main
     from carryover_jax.eval.report import render_markdown
-    from carryover_jax.eval.run import DrafterEntry, Item, load_entries, run_eval, write_outputs
 
-    target = load_target(tiny_llama.path, tokenizer=False)
+    target = load_target(tok_target, tokenizer=False)
     base = _save_drafter(target, tmp_path / "base", carryover=False, seed=1)
     carry = _save_drafter(target, tmp_path / "carry", carryover=True, seed=2)
-    drafters = load_entries(target, [DrafterEntry("baseline", base), DrafterEntry("carryover", carry, True)],
-                            mask_token_id=4)
-    rng = np.random.default_rng(0)
-    items = [Item("x", "p0", tuple(rng.integers(3, 97, 6).tolist())),
-             Item("y", "p1", tuple(rng.integers(3, 97, 11).tolist()))]
-    from carryover_jax.eval.diagnostics import run_diagnostics
-
-    result = run_eval(target, drafters, items, max_new_tokens=12, temperatures=(0.0,), seeds=1, batch_sizes=(1,),
-                      stop_token_ids=[], progress=False,
-                      diagnostics=lambda: run_diagnostics(target, drafters, items[:1], max_new_tokens=12,
-                                                          stop_token_ids=[], progress=False))
-    diag = result["diagnostics"]
-    assert diag["identical_to_ar"] == {"baseline": True, "carryover": True}
-    assert list(diag["replay"]) == ["carryover"] and diag["replay"]["carryover"]["rounds"] > 0
-    assert set(diag["reconvergence"]) == {"baseline", "carryover"}
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w5 w6 w7 w8 w9 w10"}\n'
+                       '{"messages": [{"role": "user", "content": "w11 w12 w13 w14 w15 w16 w17 w18 w19 w20 w21"}, '
+                       '{"role": "assistant", "content": "w30"}, {"role": "user", "content": "w40"}]}\n')
+    out = tmp_path / "eval"
+    assert main(["eval", "--target", str(tok_target), "--drafter", f"baseline={base}",
+                 "--drafter", f"carryover={carry}:carryover", "--datasets", f"mine={prompts}",
+                 "--max-new-tokens", "12", "--temperatures", "0", "--batch-sizes", "1", "--diagnostics",
+                 "--diagnostic-prompts", "1", "--quiet", "--out", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
     log = result["log"]
-    assert len(log) == 2 * 3
+    assert len(log) == 2 * 3 and [r["prompt"] for r in log if r["mode"] == "ar"] == ["1", "2"]
     assert all(r["matches_ar"] for r in log if r["mode"] != "ar")
     s = result["summary"]
     assert s["check"]["identical_to_ar"] == 4 and s["check"]["throughput_identical_to_ar"]
     for lab in ("baseline", "carryover"):
         c = s["temperatures"]["0"]["datasets"]["all"][lab]
         assert c["tau"] >= 1.0 and c["speedup"] > 0 and sum(c["accept_histogram"]) == c["rounds"]
-    out = write_outputs(result, tmp_path / "eval")
+    diag = result["diagnostics"]
+    assert diag["identical_to_ar"] == {"baseline": True, "carryover": True}
+    assert list(diag["replay"]) == ["carryover"] and diag["replay"]["carryover"]["rounds"] > 0
+    assert set(diag["reconvergence"]) == {"baseline", "carryover"}
     md = (out / "report.md").read_text()
     assert "All 4 speculative sequences at T = 0 (2 drafters) are token-identical" in md
     assert "ON/OFF replay, drafter **carryover**" in md and (out / "diagnostics.png").is_file()
-    assert render_markdown(json.loads((out / "results.json").read_text())) == (out / "report.md").read_text()
+    assert md in capsys.readouterr().out
+    assert render_markdown(result) == md
 
 
 def test_replay_matches_the_engines_own_drafts(tiny_llama, tmp_path):

@@ -52,8 +52,9 @@ def _check_args(args):
             raise CarryoverError(f"--{name.replace('_', '-')} must be >= 1")
     if any(b < 1 for b in args.batch_sizes):
         raise CarryoverError("--batch-sizes must be >= 1")
-    if any(not (t >= 0) for t in args.temperatures):
-        raise CarryoverError("--temperatures must be >= 0")
+    from carryover_jax.decode.generate import check_sampling
+
+    check_sampling(temperature=args.temperatures, max_new_tokens=args.max_new_tokens, max_len=args.max_len)
     if len(set(args.temperatures)) != len(args.temperatures):
         raise CarryoverError("--temperatures has duplicates")
 

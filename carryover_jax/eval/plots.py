@@ -87,6 +87,8 @@ def write_plots(result: dict[str, Any], folder: str | Path) -> list[Path]:
                                ("recall16_off", "--s")):
                 ys = [float("nan") if v is None else v for v in rep[key]]
                 axes[0].plot(slots, ys, style, label=f"{lab} {key.replace('recall', 'R@').replace('_', ' ')}")
+        axes[0].set_ylim(-0.02, 1.02)
+        axes[1].set_ylim(-0.02, 1.02)
         axes[0].set_xlabel("proposal slot")
         axes[0].set_ylabel("target-token recall")
         axes[0].set_title("ON/OFF replay (carried rows supplied vs withheld)")
