@@ -120,3 +120,29 @@ def test_bf16_forward_close_to_float32(tiny_qwen3):
     b = bf.model.apply({"params": bf.params}, ids)[0]
     assert b.dtype == jnp.float32
     assert float(jnp.mean(jnp.argmax(a, -1) == jnp.argmax(b, -1))) > 0.7
+
+
+@pytest.mark.parametrize("chunk", [8, 16, 64])
+def test_live_length_chunked_attention_equals_dense(chunk):
+    """A `LiveMask` segment (the cache read chunk by chunk up to the longest live row, a buffer
+    that the chunk does not divide included) equals the same attention with a dense mask, merged
+    with a second segment; rows with no visible slot return zeros."""
+    from carryover_jax.models.layers import LiveMask, attention_core
+
+    rng = np.random.default_rng(6)
+    b, t, h, hkv, d, s = 3, 4, 6, 2, 8, 37
+    q = jnp.asarray(rng.standard_normal((b, t, h, d)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((b, hkv, s, d)), jnp.float32) for _ in range(2))
+    kb, vb = (jnp.asarray(rng.standard_normal((b, hkv, t, d)), jnp.float32) for _ in range(2))
+    limit = jnp.asarray([[1, 2, 3, 4], [30, 31, 32, 33], [34, 35, 36, 37]], jnp.int32)
+    dense = jnp.arange(s)[None, None, :] < limit[:, :, None]
+    block = jnp.ones((b, t, t), bool)
+    want = attention_core(q, [(k, v, dense), (kb, vb, block)], 0.3)
+    got = attention_core(q, [(k, v, LiveMask(limit, chunk)), (kb, vb, block)], 0.3)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    # cache segment only, one row with nothing live (limit 0) and one reading past max(limit) chunks
+    lim0 = limit.at[0].set(0)
+    got0 = attention_core(q, [(k, v, LiveMask(lim0, chunk))], 0.3)
+    want0 = attention_core(q, [(k, v, jnp.arange(s)[None, None, :] < lim0[:, :, None])], 0.3)
+    np.testing.assert_allclose(np.asarray(got0), np.asarray(want0), atol=1e-5, rtol=1e-5)
+    assert not np.any(np.asarray(got0[0]))

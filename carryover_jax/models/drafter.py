@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from carryover_jax.config import DrafterConfig
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.cache import KVCache, write_chunk
-from carryover_jax.models.layers import LiveMask, RMSNorm, dense, dtype_of
+from carryover_jax.models.layers import LiveMask, RMSNorm, dense, dtype_of, tied_logits
 from carryover_jax.models.target import DecoderLayer
 
 Array = jax.Array
@@ -278,7 +278,10 @@ def draft_block_logits(cfg: DrafterConfig, params, frozen, cache: KVCache, ancho
         rows = ((fused, cpos, jnp.broadcast_to(cmask[:, None, :], (b, t, p))),)
     h = m.apply({"params": params}, block_tokens(cfg, anchor), positions, frozen,
                 cached=(cache.k, cache.v, ctx_mask), rows=rows, method=Drafter.block_hidden)
-    return logits_from_hidden(h[:, proposal_slots(cfg)], frozen)
+    h = h[:, proposal_slots(cfg)]
+    if frozen.get("head") is None:  # tied: the few-row vocabulary-major contraction
+        return tied_logits(h, frozen["embed"])
+    return logits_from_hidden(h, frozen)
 
 
 def markov_bias(cfg: DrafterConfig, params, prev_tokens: Array) -> Array:

@@ -20,6 +20,23 @@ Array = jax.Array
 NEG_INF = -1e30  # finite, so fully masked rows give a uniform (not NaN) softmax
 
 
+VOCAB_MAJOR_MAX_ROWS = 64
+
+
+def tied_logits(h: Array, embedding: Array) -> Array:
+    """h [..., d] against a tied [V, d] embedding -> float32 logits [..., V]. For the few rows of a
+    decode step (verification, drafting) the embedding is the dot's lhs ([V, d] x [d, rows], then a
+    small [V, rows] transpose): XLA CPU runs that ~1.3-1.5x faster at 7-16 rows than [rows, V]
+    with the [V, d] operand on the right. The barrier keeps XLA from folding the transpose back
+    into the dot. Many rows (training): the plain contraction."""
+    rows = math.prod(h.shape[:-1])
+    e = embedding.astype(h.dtype)
+    if rows == 1 or rows > VOCAB_MAJOR_MAX_ROWS:
+        return jnp.einsum("...d,vd->...v", h, e, preferred_element_type=jnp.float32)
+    vt = jnp.einsum("vd,nd->vn", e, h.reshape(rows, h.shape[-1]), preferred_element_type=jnp.float32)
+    return jax.lax.optimization_barrier(vt).T.reshape(*h.shape[:-1], -1)
+
+
 def dtype_of(name: str):
     return jnp.dtype(name)
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from carryover_jax.config import TargetConfig
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.cache import KVCache, chunk_limit, chunk_mask, write_chunk
-from carryover_jax.models.layers import MLP, Attention, LiveMask, RMSNorm, dtype_of, rope_inv_freq
+from carryover_jax.models.layers import MLP, Attention, LiveMask, RMSNorm, dtype_of, rope_inv_freq, tied_logits
 
 Array = jax.Array
 
@@ -144,8 +144,7 @@ class TargetLM(nn.Module):
         with the [V, d] embedding (`Embed.attend` compiles to a transpose fused into the dot, slower)."""
         if not self.cfg.tie_word_embeddings:
             return self.lm_head(h).astype(jnp.float32)
-        e = self.embed_tokens.embedding
-        return jnp.einsum("btd,vd->btv", h, e.astype(h.dtype)).astype(jnp.float32)
+        return tied_logits(h, self.embed_tokens.embedding)
 
     def __call__(
         self,
