@@ -22,7 +22,8 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
     p.add_argument("--prompts-per-dataset", type=int, default=8, help="the first N prompts of each dataset that fit")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer prompts (after the chat template)")
     p.add_argument("--system", default=None, help="a system prompt (default: none is added)")
-    p.add_argument("--heldout-per-mille", type=int, default=20, help="ShareGPT held-out split (as in training)")
+    p.add_argument("--heldout-per-mille", type=int, default=None,
+                   help="ShareGPT held-out split (default: the training default, DataConfig.heldout_per_mille)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -68,45 +69,20 @@ def main(args) -> int:
         return 0
     _check_args(args)
     from carryover_jax.errors import CarryoverError
-    from carryover_jax.eval.datasets import load_prompts
-    from carryover_jax.eval.run import encode_items, load_entries, parse_drafter_spec, run_eval
+    from carryover_jax.eval.run import evaluate, parse_drafter_spec
     from carryover_jax.loading import load_target
 
     entries = [parse_drafter_spec(s) for s in args.drafter or []]
     if not entries:
         raise CarryoverError("give at least one --drafter LABEL=DIR[:carryover]")
     target = load_target(args.target, dtype=args.dtype)
-    drafters = load_entries(target, entries, args.mask_token_id, dtype=args.dtype)
-    chat = not args.no_chat
-
-    def fits(p):
-        return len(target.encode(p.as_messages(), chat=chat)) <= args.max_prompt_tokens
-
-    prompts, skipped = load_prompts(args.datasets, limit=args.prompts_per_dataset, system=args.system,
-                                    heldout_per_mille=args.heldout_per_mille, fits=fits)
-    if any(skipped.values()):
-        print(f"eval: skipped prompts longer than {args.max_prompt_tokens} tokens: {skipped}", file=sys.stderr)
-    items = encode_items(target, prompts, chat=chat)
-    diagnostics = None
-    if args.diagnostics:
-        from carryover_jax.eval.diagnostics import run_diagnostics
-
-        per_ds: dict[str, int] = {}
-        diag_items = []
-        for it in items:
-            if per_ds.get(it.dataset, 0) < args.diagnostic_prompts:
-                diag_items.append(it)
-                per_ds[it.dataset] = per_ds.get(it.dataset, 0) + 1
-
-        def diagnostics():
-            return run_diagnostics(target, drafters, diag_items, max_new_tokens=args.max_new_tokens,
-                                   max_len=args.max_len, progress=not args.quiet)
-
-    result = run_eval(target, drafters, items, max_new_tokens=args.max_new_tokens, temperatures=args.temperatures,
-                      seeds=args.seeds, batch_sizes=args.batch_sizes, max_len=args.max_len,
-                      progress=not args.quiet, diagnostics=diagnostics)
-    result["config"].update(skipped_long_prompts=skipped, max_prompt_tokens=args.max_prompt_tokens,
-                            system=args.system, chat=chat)
+    result = evaluate(
+        target, entries, datasets=args.datasets, prompts_per_dataset=args.prompts_per_dataset,
+        max_prompt_tokens=args.max_prompt_tokens, system=args.system, heldout_per_mille=args.heldout_per_mille,
+        chat=not args.no_chat, max_new_tokens=args.max_new_tokens, temperatures=args.temperatures, seeds=args.seeds,
+        batch_sizes=args.batch_sizes, max_len=args.max_len, mask_token_id=args.mask_token_id, dtype=args.dtype,
+        diagnostics=args.diagnostics, diagnostic_prompts=args.diagnostic_prompts, progress=not args.quiet,
+        log=lambda msg: print(msg, file=sys.stderr))
     out = write_outputs(result, args.out, plots=not args.no_plots)
     from carryover_jax.eval.report import render_markdown
 

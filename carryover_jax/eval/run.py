@@ -257,3 +257,55 @@ def load_result(path: str | Path) -> dict[str, Any]:
     if not isinstance(result, dict) or "log" not in result or "drafters" not in result:
         raise CarryoverError(f"{p}: not a carryover eval result (no log/drafters)")
     return result
+
+
+def evaluate(target, drafters: Sequence[DrafterEntry | str], *, datasets: Sequence[str] = ("humaneval", "mtbench", "sharegpt"),
+             prompts_per_dataset: int = 8, max_prompt_tokens: int = 512, system: str | None = None,
+             heldout_per_mille: int | None = None, chat: bool = True, max_new_tokens: int = 128,
+             temperatures: Sequence[float] = (0.0, 1.0), seeds: int = 3, batch_sizes: Sequence[int] = (1, 2, 4, 8),
+             max_len: int | None = None, mask_token_id: int | None = None, dtype: str | None = None,
+             diagnostics: bool = False, diagnostic_prompts: int = 4, out: str | Path | None = None,
+             plots: bool = True, progress: bool = True, log=None) -> dict[str, Any]:
+    """The whole `carryover eval` as one call (what `carryover pipeline` builds on).
+
+    `target`: a loaded `Target` (with a tokenizer). `drafters`: `DrafterEntry`s or ``LABEL=DIR[:carryover]``
+    strings. Loads and checks the drafters, reads and encodes the prompts, runs every pass, and writes
+    `out` (results.json, report.md, PNGs) when given. Returns the result dict."""
+    from carryover_jax.config import DataConfig
+    from carryover_jax.eval.datasets import load_prompts
+
+    entries = [parse_drafter_spec(d) if isinstance(d, str) else d for d in drafters]
+    loaded = load_entries(target, entries, mask_token_id, dtype=dtype)
+    if heldout_per_mille is None:
+        heldout_per_mille = DataConfig.heldout_per_mille  # the training split's default
+
+    def fits(p):
+        return len(target.encode(p.as_messages(), chat=chat)) <= max_prompt_tokens
+
+    prompts, skipped = load_prompts(list(datasets), limit=prompts_per_dataset, system=system,
+                                    heldout_per_mille=heldout_per_mille, fits=fits)
+    if any(skipped.values()) and log is not None:
+        log(f"eval: skipped prompts longer than {max_prompt_tokens} tokens: {skipped}")
+    items = encode_items(target, prompts, chat=chat)
+    diag = None
+    if diagnostics:
+        from carryover_jax.eval.diagnostics import run_diagnostics
+
+        per_ds: dict[str, int] = {}
+        diag_items = []
+        for it in items:
+            if per_ds.get(it.dataset, 0) < diagnostic_prompts:
+                diag_items.append(it)
+                per_ds[it.dataset] = per_ds.get(it.dataset, 0) + 1
+
+        def diag():
+            return run_diagnostics(target, loaded, diag_items, max_new_tokens=max_new_tokens, max_len=max_len,
+                                   progress=progress)
+
+    result = run_eval(target, loaded, items, max_new_tokens=max_new_tokens, temperatures=temperatures, seeds=seeds,
+                      batch_sizes=batch_sizes, max_len=max_len, progress=progress, diagnostics=diag)
+    result["config"].update(skipped_long_prompts=skipped, max_prompt_tokens=max_prompt_tokens, system=system,
+                            chat=chat, heldout_per_mille=heldout_per_mille)
+    if out is not None:
+        write_outputs(result, out, plots=plots)
+    return result
