@@ -538,6 +538,8 @@ def test_fault_sigterm_saves_and_resumes_to_the_same_losses(env, reference_run, 
     assert max(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == 3
     assert not (out / "drafter").exists()
 
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "lo')  # and a metrics line half-written by a kill must not break the resume
     resumed = train(_train_cfg(env, out), progress=False)  # the resubmitted job
     assert resumed["finished"]
     got = _losses(out)

@@ -148,3 +148,25 @@ def save_before_stop(ckpt, guard: FiniteGuard, step: int, state: Any, data_iter)
     if step > 0 and step not in ckpt.steps():
         ckpt.save(step, state, data_iter, force=True)
     ckpt.wait()
+
+
+def metrics_lines_upto(path: Path, step: int) -> list[str]:
+    """The lines of a run's metrics.jsonl up to `step` (the checkpoint a run resumes from). A line a killed
+    run left half-written (or any other unparsable line) is dropped with a one-line notice, not a traceback."""
+    import json
+
+    keep, bad = [], 0
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            s = int(rec["step"])
+        except (ValueError, KeyError, TypeError):
+            bad += 1
+            continue
+        if s <= step:
+            keep.append(line)
+    if bad:
+        print(f"train: dropped {bad} unreadable line(s) of {path} (a killed write)", file=sys.stderr)
+    return keep

@@ -17,7 +17,9 @@ from carryover_jax.config import DrafterConfig, TrainConfig
 from carryover_jax.errors import CarryoverError
 from carryover_jax.io import atomic_write_json
 from carryover_jax.train.checkpoint import Checkpointer, abstract_like
-from carryover_jax.train.faults import FiniteGuard, StopSignal, check_disk_space, prepare_out_dir, save_before_stop
+from carryover_jax.train.faults import (
+    FiniteGuard, StopSignal, check_disk_space, metrics_lines_upto, prepare_out_dir, save_before_stop,
+)
 from carryover_jax.train.distributed import is_main, maybe_initialize
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
 from carryover_jax.train.step import (
@@ -70,7 +72,7 @@ class MetricsLog:
     def __init__(self, path: Path, start_step: int):
         self.path = path
         if path.exists():
-            keep = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= start_step]
+            keep = metrics_lines_upto(path, start_step)  # tolerates a line half-written by a killed run
             path.write_text("".join(l + "\n" for l in keep))
         self.f = path.open("a")
 
