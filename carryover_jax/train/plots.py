@@ -15,7 +15,9 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
-    recs = [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+    from carryover_jax.train.faults import metrics_lines_upto  # skips a line half-written by a killed run
+
+    recs = [json.loads(l) for l in metrics_lines_upto(path, 1 << 62)] if path.exists() else []
     if not recs:
         from carryover_jax.errors import CarryoverError
 
