@@ -72,24 +72,25 @@ def is_complete(folder: str | os.PathLike) -> bool:
 
 
 def atomic_dir(folder: str | os.PathLike, write: Callable[[Path], None], *,
-               replaces: Sequence[str] | None = None) -> Path:
+               replaces: Sequence[str] | Callable[[Path], bool] | None = None) -> Path:
     """Fill a temporary sibling folder with `write(tmp)`, then rename it to `folder` (replacing it).
 
     A writer killed at any point leaves either the previous complete folder or no folder at `folder`
     (plus a hidden `.NAME.tmp-PID-*` sibling that the next writer removes). The files are fsynced
     before the rename and a `.complete` marker is written last, so readers can tell a finished folder.
-    `replaces`: file names one of which an existing non-empty `folder` must hold to be replaced (so a
-    mistyped `--out ~/` is refused instead of deleted); None replaces anything.
+    `replaces`: file names one of which an existing non-empty `folder` must hold to be replaced, or a
+    predicate on the folder (so a mistyped `--out ~/` is refused instead of deleted); None replaces anything.
     """
     from carryover_jax.errors import CarryoverError
 
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise CarryoverError(f"{folder} exists and is not a folder")
-    if replaces is not None and folder.is_dir() and any(folder.iterdir()) and not is_complete(folder) \
-            and not any((folder / n).exists() for n in replaces):
+    if replaces is not None and folder.is_dir() and any(folder.iterdir()) and not (
+            replaces(folder) if callable(replaces) else is_complete(folder) or any((folder / n).exists()
+                                                                                   for n in replaces)):
         raise CarryoverError(
-            f"{folder} exists and does not hold a checkpoint written by carryover; refusing to replace it "
+            f"{folder} exists and holds something else than this command writes; refusing to replace it "
             "(choose a new or empty folder)"
         )
     try:

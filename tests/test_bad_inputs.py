@@ -289,7 +289,7 @@ CLI_ROWS = [
         r"truncated or corrupt safetensors file .*drafter/model\.safetensors"),
     Row("export over a foreign folder", lambda e: ["export", "--format", "zlab", "--drafter", str(e.drafter),
                                                    "--out", str(Path(write(e, "notes.txt", "mine")).parent)],
-        r"exists and does not hold a checkpoint written by carryover; refusing to replace it"),
+        r"exists and holds something else than this command writes; refusing to replace it"),
     Row("export format mismatch", lambda e: ["export", "--format", "zlab", "--drafter", str(e.markov),
                                              "--out", str(e.tmp / "out")],
         r"the z-lab format holds DFlash drafters in the zlab layout; this is markov/deepspec"),
@@ -297,6 +297,9 @@ CLI_ROWS = [
         "export", "--format", "deepspec", "--drafter", str(e.markov), "--out", str(e.tmp / "out"),
         "--target", target_with(e, lambda d: truncate(d / "model.safetensors"))],
         r"truncated or corrupt safetensors file .*target/model\.safetensors"),
+    Row("export over a target checkpoint", lambda e: ["export", "--format", "zlab", "--drafter", str(e.drafter),
+                                                      "--out", str(e.copy("target"))],
+        r"target exists and holds something else than this command writes; refusing to replace it"),
     # init-drafter
     Row("init-drafter target truncated", lambda e: ["init-drafter", "--out", str(e.tmp / "d"), "--target",
                                                     target_with(e, lambda d: truncate(d / "model.safetensors"))],

@@ -126,7 +126,19 @@ def save_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike) -> Path:
         save_file(_tensors(params, None), tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "drafter_config.json").write_text(json.dumps(drafter_config_to_dict(cfg), indent=2) + "\n")
 
-    return atomic_dir(Path(folder), write, replaces=("drafter_config.json", "config.json", "model.safetensors"))
+    return atomic_dir(Path(folder), write, replaces=is_drafter_folder)
+
+
+def is_drafter_folder(folder: Path) -> bool:
+    """Whether `folder` holds a drafter (native, z-lab or DeepSpec), so writing a drafter may replace it;
+    a target checkpoint or any other folder is never replaced."""
+    if (folder / "drafter_config.json").is_file():
+        return True
+    try:
+        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(a in _ARCH for a in archs)
 
 
 def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: str, *, frozen=None,
@@ -158,7 +170,7 @@ def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: s
             save_file({CARRYOVER_TENSOR: e_rej}, tmp / CARRYOVER_FILE, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    return atomic_dir(Path(folder), write, replaces=("drafter_config.json", "config.json", "model.safetensors"))
+    return atomic_dir(Path(folder), write, replaces=is_drafter_folder)
 
 
 # ---- reading ----------------------------------------------------------------------------------------
