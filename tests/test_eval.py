@@ -231,9 +231,15 @@ def test_eval_end_to_end_on_tiny_models(tok_target, tmp_path, capsys):
     assert diag["identical_to_ar"] == {"baseline": True, "carryover": True}
     assert list(diag["replay"]) == ["carryover"] and diag["replay"]["carryover"]["rounds"] > 0
     assert set(diag["reconvergence"]) == {"baseline", "carryover"}
+    rec = diag["replay_recorded"]["carryover"]
+    assert rec["sequences"] == 1 and sum(rec["carried"]["slot_counts"]) > 0
+    for arm in ("on", "off"):
+        assert all(r16 >= r1 for r1, r16 in zip(rec["all"][f"recall1_{arm}"], rec["all"][f"recall16_{arm}"])
+                   if r1 is not None)
     md = (out / "report.md").read_text()
     assert "All 4 speculative sequences at T = 0 (2 drafters) are token-identical" in md
     assert "ON/OFF replay, drafter **carryover**" in md and (out / "diagnostics.png").is_file()
+    assert "ON/OFF replay on recorded sequences (training-style" in md
     assert md in capsys.readouterr().out
     assert render_markdown(result) == md
 

@@ -1,6 +1,6 @@
 """The paper's decoding diagnostics (Figures 4-5), measured while decoding greedily (T = 0).
 
-- **ON/OFF replay** (Carryover arms): before every round's draft, the drafter's logits are computed
+- **ON/OFF replay at decode time** (Carryover arms): before every round's draft, the drafter's logits are computed
   twice on the same state — same weights, same anchor, same committed-context cache — once with the
   carried rows supplied (the engine's own buffer, visible rows j < rejected_count) and once withheld
   (rejected_count = 0, which is the plain drafter bit for bit). Both are compared with the target's
@@ -8,6 +8,10 @@
   token is AR token out_len + i. Recall@1 = argmax equals it, Recall@16 = it is among the top 16;
   per proposal slot, over rounds that do have carried rows. Markov drafters are teacher-forced (the
   previous token of slot i is the target token of slot i-1) in both arms.
+- **ON/OFF replay on recorded sequences** (Carryover arms; `recorded_replay`): the training-style
+  replay of `train/dvd.py` — DVD's greedy draft 1 at sampled anchors of the recorded AR outputs, the
+  target's verify features at the rejected positions, then draft 2 at s + a + 1 with those carried rows
+  supplied vs withheld; the same R@1/R@16 per slot against the recorded tokens.
 - **Re-convergence of rejected branches** (every arm): for a round that accepts a < P drafts, the
   rejected suffix is d_{a+1}..d_P; d_{a+1} lost to the correction token. For the later ones (offset
   j = 1..P-a-1) we count (i) `aligned`: d_{a+1+j} equals the committed token at the same position, and
@@ -137,8 +141,12 @@ def _reconvergence(rounds_log, accepted, finals: list[list[int]], P: int) -> dic
 
 
 def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, max_len=None,
-                    stop_token_ids=None, progress: bool = True) -> dict[str, Any]:
-    """ON/OFF replay for every Carryover arm and re-convergence for every arm, on `items` at T = 0."""
+                    stop_token_ids=None, progress: bool = True, replay_anchors: int = 32) -> dict[str, Any]:
+    """ON/OFF replay for every Carryover arm and re-convergence for every arm, on `items` at T = 0.
+
+    Two replays: at decode time (`replay`: the engine's own states, rounds with carried rows) and
+    training-style on the recorded AR outputs of the same prompts (`replay_recorded`: DVD's draft 1 at
+    `replay_anchors` sampled anchors per sequence, then draft 2 with the carried rows supplied vs withheld)."""
     from tqdm import tqdm
 
     from carryover_jax.decode.generate import generate
@@ -149,7 +157,9 @@ def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, m
     stops = list(target.stop_token_ids if stop_token_ids is None else stop_token_ids)
     ref = [r.token_ids for r in generate(target, ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
                                          max_len=max_len, chat=False)]
-    out: dict[str, Any] = {"prompts": len(items), "replay": {}, "reconvergence": {}, "identical_to_ar": {}}
+    out: dict[str, Any] = {"prompts": len(items), "replay": {}, "replay_recorded": {}, "reconvergence": {},
+                           "identical_to_ar": {}}
+    recorded = [(ids[i] + ref[i], len(ids[i])) for i in range(len(ids)) if len(ref[i]) >= 2]
     for entry, d in tqdm(drafters, desc="eval diagnostics", disable=not progress):
         P = d.cfg.num_proposals
         finals, counts, rounds_log, accepted = _decode_with_log(
@@ -173,4 +183,102 @@ def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, m
                 "recall16_on_all": float(counts["onk"].sum() / max(v.sum(), 1)),
                 "recall16_off_all": float(counts["offk"].sum() / max(v.sum(), 1)),
             }
+            if recorded and replay_anchors:
+                out["replay_recorded"][entry.label] = recorded_replay(target, d, recorded, num_anchors=replay_anchors)
+    return out
+
+
+# ---- training-style replay on recorded sequences (reuses DVD training's draft 1 / verify / carry) ------
+def replay_step_config(target_cfg, drafter_cfg, num_anchors: int):
+    from carryover_jax.train.step import StepConfig
+
+    return StepConfig(target=target_cfg, drafter=drafter_cfg, num_anchors=num_anchors, gamma=7.0, ce_weight=1.0,
+                      l1_weight=0.0, mode="dvd", carry="hidden", off_metrics=True)
+
+
+@functools.partial(jax.jit, static_argnames=("sc", "k"))
+def recorded_replay_hits(sc, params, target_params, ids, loss_mask, rng, *, k: int = TOP_K):
+    """ON/OFF replay at DVD's anchors on recorded sequences [B, S] (the target's own greedy outputs):
+    draft 1 (greedy, no carried rows) at N sampled anchors, verify, then draft 2 at s_n + a_n + 1 with
+    the rejected positions' target features supplied (ON) vs withheld (OFF) — `train/dvd.py`'s functions,
+    the same `rng` use as `dvd_loss`. Returns per-slot sums [P]: R@1 ON/OFF, R@k ON/OFF, and counts,
+    each over (a) anchors with carried rows (a_n < P) and (b) all kept anchors (what `dvd_loss` logs as
+    top1_acc@slot / off/top1_acc@slot)."""
+    from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden
+    from carryover_jax.models.layers import Blockwise
+    from carryover_jax.train import anchors as A
+    from carryover_jax.train import dvd
+    from carryover_jax.train.losses import batch_features
+
+    dc = sc.drafter
+    b, s = ids.shape
+    t, p = dc.block_size, dc.num_proposals
+    feats, _ = batch_features(sc, target_params, {"input_ids": ids, "loss_mask": loss_mask})
+    frozen = frozen_from_target(target_params, sc.target)
+    anchors, keep, nvalid = A.sample_anchors(rng, loss_mask, sc.num_anchors)
+    n = anchors.shape[1]
+    blk1 = A.build_blocks(dc, ids, loss_mask, anchors, keep, nvalid)
+    proposals = dvd.draft_proposals(sc, params, frozen, feats, blk1)
+    accepted = dvd.accept_counts(proposals, blk1)
+    anchors2, keep2 = dvd.shifted_anchors(loss_mask, anchors, keep, accepted)
+    blk2 = A.build_blocks(dc, ids, loss_mask, anchors2, keep2, nvalid)
+    rows, pos, valid = dvd.carried_rows(sc, target_params, ids, anchors, keep, proposals, accepted, anchors2, keep2)
+
+    def logits(kw):
+        h = Drafter(dc).apply(
+            {"params": params}, blk2.tokens, blk2.positions, frozen, feats.astype(jnp.dtype(dc.backbone.dtype)),
+            jnp.broadcast_to(jnp.arange(s)[None], (b, s)), A.context_mask(blk2, t, s), block_mask=t,
+            return_hidden=True, **kw)
+        h = h.reshape(b, n, t, -1)[:, :, A.proposal_slots(dc)].reshape(b, n * p, -1)
+        z = logits_from_hidden(h, frozen).reshape(b, n, p, -1)
+        if dc.markov_rank:  # teacher-forced: the previous token is the recorded one
+            prev = jnp.concatenate([blk2.tokens.reshape(b, n, t)[:, :, :1], blk2.labels[..., :-1]], axis=-1)
+            z = z + Drafter(dc).apply({"params": params}, prev, method=Drafter.markov_bias)
+        return z
+
+    def hits(z):
+        top = jax.lax.top_k(z, k)[1]
+        return jnp.argmax(z, -1) == blk2.labels, jnp.any(top == blk2.labels[..., None], axis=-1)
+
+    on1, onk = hits(logits(dict(carried=rows, carried_positions=pos, carried_mask=Blockwise(n, key_valid=valid))))
+    off1, offk = hits(logits({}))
+    every = blk2.eval_mask & keep2[..., None]
+    carried = every & (accepted < p)[..., None]
+    out = {}
+    for name, m in (("carried", carried), ("all", every)):
+        for key, x in (("on1", on1), ("onk", onk), ("off1", off1), ("offk", offk)):
+            out[f"{name}/{key}"] = jnp.sum(x & m, axis=(0, 1))
+        out[f"{name}/count"] = jnp.sum(m, axis=(0, 1))
+    return out
+
+
+def recorded_replay(target, drafter, sequences: Sequence[tuple[list[int], int]], *, num_anchors: int = 32,
+                    seed: int = 0) -> dict[str, Any]:
+    """`sequences`: (token ids, prompt length) — the generated part is what anchors and labels come from.
+    Every sequence is padded to one length (one compile); one sequence per call."""
+    from carryover_jax.config import next_bucket
+
+    dc = drafter.cfg
+    if not dc.carryover:
+        raise CarryoverError("the ON/OFF replay needs a drafter with a Carryover embedding")
+    sc = replay_step_config(target.cfg, dc, num_anchors)
+    length = next_bucket(max(len(ids) for ids, _ in sequences) + 1)
+    k = min(TOP_K, target.cfg.vocab_size)
+    total: dict[str, np.ndarray] = {}
+    for i, (ids, plen) in enumerate(sequences):
+        row = np.zeros((1, length), np.int32)
+        row[0, : len(ids)] = ids
+        lm = np.zeros((1, length), np.int32)
+        lm[0, plen: len(ids)] = 1
+        got = jax.device_get(recorded_replay_hits(sc, drafter.params, target.params, jnp.asarray(row),
+                                                  jnp.asarray(lm), jax.random.key(seed + i), k=k))
+        for key, v in got.items():
+            total[key] = total.get(key, 0) + np.asarray(v, np.int64)
+    out: dict[str, Any] = {"sequences": len(sequences), "anchors_per_sequence": num_anchors, "top_k": k}
+    for name in ("carried", "all"):
+        cnt = total[f"{name}/count"]
+        out[name] = {"slot_counts": cnt.tolist(), **{
+            f"recall{'1' if key.endswith('1') else '16'}_{'on' if key.startswith('on') else 'off'}":
+                [None if c == 0 else float(h / c) for h, c in zip(total[f"{name}/{key}"], cnt)]
+            for key in ("on1", "off1", "onk", "offk")}}
     return out

@@ -89,6 +89,13 @@ def write_plots(result: dict[str, Any], folder: str | Path) -> list[Path]:
                 axes[0].plot(slots, ys, style, label=f"{lab} {key.replace('recall', 'R@').replace('_', ' ')}")
         axes[0].set_ylim(-0.02, 1.02)
         axes[1].set_ylim(-0.02, 1.02)
+        for lab, rep in diag.get("replay_recorded", {}).items():
+            c = rep["carried"]
+            slots = range(1, len(c["recall1_on"]) + 1)
+            for key, style in (("recall1_on", ":^"), ("recall1_off", ":v"), ("recall16_on", ":>"),
+                               ("recall16_off", ":<")):
+                ys = [float("nan") if v is None else v for v in c[key]]
+                axes[0].plot(slots, ys, style, label=f"{lab} recorded {key.replace('recall', 'R@').replace('_', ' ')}")
         axes[0].set_xlabel("proposal slot")
         axes[0].set_ylabel("target-token recall")
         axes[0].set_title("ON/OFF replay (carried rows supplied vs withheld)")

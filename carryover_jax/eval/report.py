@@ -132,6 +132,17 @@ def render_diagnostics(diag: dict[str, Any]) -> list[str]:
                           ("recall16_on", "R@16 ON"), ("recall16_off", "R@16 OFF")):
             L.append(f"| {name} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in rep[key]) + " |")
         L.append("")
+    for lab, rep in diag.get("replay_recorded", {}).items():
+        c = rep["carried"]
+        L += [f"ON/OFF replay on recorded sequences (training-style, `train/dvd.py`), drafter **{lab}**: "
+              f"{rep['sequences']} AR outputs, {rep['anchors_per_sequence']} anchors each, draft 2 at s + a + 1 "
+              f"after a greedy draft 1; anchors with carried rows per slot: {c['slot_counts']}", "",
+              "| slot | " + " | ".join(str(i + 1) for i in range(len(c["recall1_on"]))) + " |",
+              "|---|" + "---|" * len(c["recall1_on"])]
+        for key, name in (("recall1_on", "R@1 ON"), ("recall1_off", "R@1 OFF"),
+                          ("recall16_on", "R@16 ON"), ("recall16_off", "R@16 OFF")):
+            L.append(f"| {name} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in c[key]) + " |")
+        L.append("")
     for lab, rc in diag.get("reconvergence", {}).items():
         L.append(f"Re-convergence, drafter **{lab}**: {rc['rejections']} rejected branches; "
                  f"{100 * rc['reappear_rate']:.1f}% of the rejected suffix tokens after the first reappear in "
