@@ -105,3 +105,27 @@ def test_cli_bad_input_is_one_line_and_nonzero(tmp_path):
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert lines == [f"carryover generate: error: no such target: '{tmp_path / 'missing'}' "
                      "(not a path, and known aliases are smollm2)"]
+
+
+def test_atomic_dir_keeps_the_previous_folder_and_cleans_dead_writers(tmp_path):
+    from carryover_jax.io import _owner, atomic_dir, is_complete
+
+    out = tmp_path / "out"
+    atomic_dir(out, lambda d: (d / "a").write_text("1"))
+    assert (out / "a").read_text() == "1" and is_complete(out)
+
+    def fail(d):
+        (d / "a").write_text("2")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        atomic_dir(out, fail)
+    assert (out / "a").read_text() == "1"  # the previous complete folder, untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary leftovers
+    host = _owner().split(".")[1]
+    dead = tmp_path / f".out.tmp-999999999.{host}-abcd1234"  # a killed writer's folder on this host
+    other = tmp_path / ".out.tmp-999999999.0000beef-abcd1234"  # another host's: maybe still writing
+    dead.mkdir()
+    other.mkdir()
+    atomic_dir(out, lambda d: (d / "a").write_text("3"))
+    assert (out / "a").read_text() == "3" and not dead.exists() and other.exists()
