@@ -197,15 +197,21 @@ def _cmd_bench(args) -> int:
         from configs import load_config
 
         cfg = apply_overrides(load_config(args.config), args.set or [])
-        result = bench_train.run(cfg, steps=args.steps)
+        dvd = args.mode == "dvd"
+        result = (bench_train.run_dvd if dvd else bench_train.run)(cfg, steps=args.steps)
         paper = load_config("qwen3_4b")
         q = preset("qwen3-4b")
         spec = paper.drafter
         dcfg = DrafterConfig.for_target(q, kind=spec.kind, layout=spec.layout, num_proposals=spec.num_proposals,
                                         num_layers=spec.num_layers, target_layer_ids=spec.target_layer_ids,
                                         mask_token_id=spec.mask_token_id, markov_rank=spec.markov_rank)
-        result["qwen3_4b_memory_per_device"] = bench_train.memory_estimate(paper, q, dcfg, devices=args.devices)
+        result["qwen3_4b_memory_per_device"] = bench_train.memory_estimate(paper, q, dcfg, devices=args.devices,
+                                                                           dvd=dvd)
         for r in result["rows"]:
+            if dvd:
+                print(f"{r['step']:28s} {r['ms']:8.1f} ms  {r['x_baseline_stored']:.2f}x baseline (stored)  "
+                      f"{r['x_baseline_online']:.2f}x baseline (online)")
+                continue
             print(f"features={r['features']:6s}  {r['steps_per_s']:.3f} steps/s  {r['tokens_per_s']:.0f} tokens/s"
                   + (f"  ({r['speedup_vs_online']}x online)" if "speedup_vs_online" in r else ""))
         print("qwen3_4b memory per device (GB):", json.dumps(result["qwen3_4b_memory_per_device"]))
@@ -293,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--config", default="smollm2", help="bench train: config name or path")
     b.add_argument("--set", action="append", metavar="KEY=VALUE", help="bench train: config overrides")
     b.add_argument("--steps", type=int, default=6, help="bench train: timed steps per mode")
+    b.add_argument("--mode", choices=["features", "dvd"], default="features",
+                   help="bench train: online vs stored features, or DVD/control vs baseline steps on one batch")
     b.add_argument("--devices", type=int, default=64, help="bench train: devices for the Qwen3-4B memory estimate")
     b.add_argument("--drafter", help="bench decode: drafter folder (default: an untrained random drafter)")
     b.add_argument("--prompts", type=int, default=4, help="bench decode: prompts decoded one by one")

@@ -1,5 +1,6 @@
 """`carryover bench train`: training steps/s with online vs stored target features (same config,
-same synthetic records, one run) and a per-device memory estimate for a paper-size config.
+same synthetic records, one run), or (`--mode dvd`) DVD and control step times against baseline steps on
+the same batch; and a per-device memory estimate for a paper-size config.
 
 Timings exclude the first step (compilation). The memory estimate uses `jax.eval_shape` for every
 parameter and optimizer tensor (nothing is allocated) plus the dominant activations: the drafter's
@@ -74,13 +75,58 @@ def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str,
             "num_anchors": cfg.num_anchors, "rows": rows}
 
 
+def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
+    """Step time of DVD training and of its equal-compute control against baseline steps on the same
+    batch (stored and online features), interleaved call by call in one process; medians in ms."""
+    from carryover_jax.bench.steps import _median_ms
+    from carryover_jax.loading import load_target
+    from carryover_jax.train.loop import build_drafter
+    from carryover_jax.train.responses import target_features
+    from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
+
+    target = load_target(cfg.target)
+    dcfg, params = build_drafter(cfg, target)
+    rng = np.random.default_rng(0)
+    b, s = cfg.batch_size, cfg.data.max_len
+    ids = rng.integers(10, target.cfg.vocab_size, (b, s)).astype(np.int32)
+    lm = np.zeros((b, s), np.int32)
+    lm[:, s // 4:] = 1
+    feats = target_features(target, ids.tolist(), tuple(dcfg.target_layer_ids))
+    stored = {"input_ids": ids, "loss_mask": lm, "features": np.stack([f for f, _ in feats]),
+              "last_hidden": np.stack([h for _, h in feats])}
+    online = {"input_ids": ids, "loss_mask": lm}
+    arms = {"baseline (stored features)": ("baseline", stored), "baseline (online features)": ("baseline", online),
+            "dvd": ("dvd", stored), "control": ("control", stored)}
+    step = jax.jit(train_step, static_argnums=(0, 1))
+    calls = {}
+    for name, (mode, batch) in arms.items():
+        c = cfg.replace(mode=mode)
+        sc = step_config(c, target.cfg, dcfg)
+        opt = make_optimizer(c, 10)
+        state = init_state(params, opt, 0)
+        tp, bt = target.params, {k: jnp.asarray(v) for k, v in batch.items()}
+        calls[name] = lambda sc=sc, opt=opt, state=state, bt=bt, tp=tp: step(sc, opt, state, tp, bt)[1]["loss"]
+        jax.block_until_ready(calls[name]())  # compile
+    times = {k: [] for k in calls}
+    for _ in range(steps):
+        for k, fn in calls.items():
+            times[k].append(_median_ms(fn, 1))
+    ms = {k: float(np.median(v)) for k, v in times.items()}
+    base = ms["baseline (stored features)"]
+    rows = [{"step": k, "ms": round(v, 1), "x_baseline_stored": round(v / base, 2),
+             "x_baseline_online": round(v / ms["baseline (online features)"], 2)} for k, v in ms.items()]
+    return {"benchmark": "train-dvd", "config": cfg.name, "batch_size": b, "max_len": s, "num_anchors": cfg.num_anchors,
+            "num_proposals": dcfg.num_proposals, "rows": rows}
+
+
 def _bytes(tree) -> int:
     return int(sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
 
 
-def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterConfig, *, devices: int) -> dict:
-    """Per-device bytes for one training step of `cfg` on `devices` devices (data parallel unless the
-    mesh shards), from abstract shapes only."""
+def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterConfig, *, devices: int,
+                    dvd: bool = False) -> dict:
+    """Per-device bytes for one training step of `cfg` (a DVD step with `dvd`) on `devices` devices (data
+    parallel unless the mesh shards), from abstract shapes only."""
     from carryover_jax.models.drafter import init_drafter_params
     from carryover_jax.models.target import abstract_params
     from carryover_jax.train.step import make_optimizer
@@ -108,5 +154,15 @@ def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
         "grads_gb": _bytes(dparams) / 1e9,
         "features_gb": feats / 1e9, "attention_scores_per_layer_gb": attn / 1e9, "logits_gb": logits / 1e9,
     }
+    if dvd:
+        # DVD adds, without gradients: every target layer's prefix K/V of the recorded sequence, the verify
+        # attention of one target layer over the N blocks of P+1 (prefix [N(P+1), S] + block-causal scores),
+        # the verify taps of all blocks, and draft 1's vocabulary logits (chunked like the loss)
+        tkv = target_cfg.num_layers * 2 * local_b * s * target_cfg.num_kv_heads * target_cfg.head_dim * act_dt
+        nv = n * (dcfg.num_proposals + 1)
+        out["dvd_prefix_kv_gb"] = tkv / 1e9
+        out["dvd_verify_scores_gb"] = local_b * target_cfg.num_heads * nv * (s + dcfg.num_proposals + 1) * 4 / 1e9
+        out["dvd_verify_features_gb"] = local_b * nv * len(dcfg.target_layer_ids) * target_cfg.hidden_size * act_dt / 1e9
+        out["dvd_draft1_logits_gb"] = rows * target_cfg.vocab_size * 4 / 1e9
     out["total_gb"] = sum(v for k, v in out.items() if k.endswith("_gb"))
     return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
