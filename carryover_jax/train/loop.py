@@ -169,7 +169,8 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
                     t_last, s_last, tokens = now, done, 0
                     if log:
                         log.write(m)
-                    bar.set_postfix(loss=f"{m['loss']:.3f}", tau=f"{m.get('tau_estimate', 0):.2f}",
+                    extra = {"draft1_tau": f"{m['draft1/tau']:.2f}"} if "draft1/tau" in m else {}
+                    bar.set_postfix(loss=f"{m['loss']:.3f}", tau=f"{m.get('tau_estimate', 0):.2f}", **extra,
                                     sps=f"{m['steps_per_s']:.2f}")
                 if ckpt.manager.should_save(done):
                     guard.check(ckpt.steps())  # a non-finite state is never saved
