@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from carryover_jax.config import TargetConfig
-from carryover_jax.errors import CarryoverError, CheckpointError, first_line
+from carryover_jax.errors import CarryoverError, CheckpointError, RequestError, first_line
 from carryover_jax.io import read_json
 from carryover_jax.models.target import TargetLM, abstract_params
 from carryover_jax.weights.hf import load_params, read_config
@@ -35,7 +35,13 @@ class Target:
         tok = self._tok()
         if chat and getattr(tok, "chat_template", None):
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                       for m in messages):
+                raise RequestError("chat messages must be {\"role\": str, \"content\": str} objects")
+            try:
+                text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            except Exception as e:  # jinja errors: a role order the template rejects, ...
+                raise RequestError(f"the target's chat template rejects these messages ({first_line(e)})") from None
             return list(tok(text, add_special_tokens=False)["input_ids"])
         if not isinstance(prompt, str):
             raise CarryoverError("chat messages need a tokenizer with a chat template")

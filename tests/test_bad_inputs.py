@@ -387,6 +387,10 @@ def _api_rows():
             e.loaded, [[5], [6]], temperature=[0.0, float("nan")]), r"temperature must be a finite", RequestError),
         Row("api generate token id outside the vocabulary", lambda e: lambda: generate(e.loaded, [[5, 200]]),
             r"token id 200 outside the target's vocabulary \[0, 97\)", RequestError),
+        Row("api generate prompt of the wrong type", lambda e: lambda: generate(e.loaded, [3.5]),
+            r"prompt 0 must be a string, a list of chat messages or a list of token ids, got float", RequestError),
+        Row("api generate malformed chat messages", lambda e: lambda: generate(e.loaded, [[{"role": "user"}]]),
+            r"chat messages must be", RequestError),
         Row("api speculative top_k -1", lambda e: lambda: speculative_generate(
             e.loaded, load_drafter(e.drafter), [[5, 6]], top_k=-1), r"top_k must be an integer >= 0", RequestError),
         Row("api load_target truncated", lambda e: lambda: load_target(target_with(
@@ -428,7 +432,8 @@ def test_cli_row(row: Row, env, capsys):
 
 
 API_ROW_IDS = ["api generate prompt past the context", "api generate top_p 1.5", "api generate temperature list with nan",
-               "api generate token id outside the vocabulary", "api speculative top_k -1", "api load_target truncated",
+               "api generate token id outside the vocabulary", "api speculative top_k -1",
+               "api generate prompt of the wrong type", "api generate malformed chat messages", "api load_target truncated",
                "api load_drafter truncated", "api ResponseStore.open bad commit",
                "api iter_jsonl duplicate id", "api load_drafter layout mismatch"]
 

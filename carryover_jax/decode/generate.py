@@ -49,11 +49,21 @@ def _as_list(x, n, name):
 
 def encode_prompts(target, prompts: Sequence[str | Sequence[int]], chat: bool) -> list[list[int]]:
     out = []
-    for p in prompts:
-        ids = target.encode(p, chat=chat) if isinstance(p, str) or (p and isinstance(p[0], dict)) else list(p)
+    for i, p in enumerate(prompts):
+        if isinstance(p, str) or (isinstance(p, (list, tuple)) and p and isinstance(p[0], dict)):
+            ids = target.encode(p, chat=chat)
+        else:
+            try:
+                arr = np.asarray(p) if not isinstance(p, (dict, bytes)) else None
+            except Exception:  # ragged nesting, ...
+                arr = None
+            if arr is None or arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+                raise RequestError(f"prompt {i} must be a string, a list of chat messages or a list of token ids, "
+                                   f"got {type(p).__name__}: {str(p)[:60]}")
+            ids = arr.tolist()
         if not ids:
-            raise CarryoverError("empty prompt")
-        out.append([int(i) for i in ids])
+            raise RequestError(f"prompt {i} is empty")
+        out.append([int(t) for t in ids])
     return out
 
 
