@@ -675,3 +675,23 @@ def test_fault_half_written_conversion_is_not_trusted(env, monkeypatch):
     assert not is_converted(gguf, first)
     registry.resolve_target(gguf)
     assert len(calls) == 2 and is_converted(gguf, first)
+
+
+def test_fault_sigkill_during_the_final_drafter_save(env, reference_run, compile_cache):
+    """Killed while writing out_dir/drafter at the end of training: no drafter folder appears; the re-run
+    restores the final checkpoint, trains nothing and writes the drafter."""
+    from carryover_jax.loading import load_drafter
+    from carryover_jax.train.loop import train
+
+    out = env.tmp / "run"
+    cfg_file = env.tmp / "cfg.py"
+    cfg_file.write_text("from carryover_jax.config import *\n" f"CONFIG = {_train_cfg(env, out)!r}\n")
+    killed = _driver(env, _KILL_AFTER_WEIGHTS, ["train", "--config", str(cfg_file), "--quiet"], cache=compile_cache)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not (out / "drafter").exists()
+    assert max(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == 8
+    again = train(_train_cfg(env, out), progress=False)
+    assert again["finished"] and again["drafter"] == str(out / "drafter")
+    assert load_drafter(out / "drafter").cfg.num_proposals == 3
+    assert not [p for p in out.iterdir() if p.name.startswith(".drafter.")]  # the dead writer's folder is gone
+    assert _losses(out) == pytest.approx(reference_run, rel=1e-5, abs=1e-6)
