@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from carryover_jax.errors import CarryoverError
 
@@ -115,6 +116,16 @@ def _cmd_prepare(args) -> int:
     target = load_target(cfg.target)
     store = prepare_responses(cfg.data, target, progress=not args.quiet)
     print(json.dumps({"store": str(cfg.data.store), "records": len(store), "tokens": store.num_tokens}))
+    return 0
+
+
+def _cmd_pipeline(args) -> int:
+    from carryover_jax.pipeline import run_pipeline
+
+    out = args.out or f"runs/pipeline-{Path(args.config.partition(':')[0]).stem}-{args.preset}"
+    res = run_pipeline(args.config, out, preset=args.preset, overrides=args.set or [],
+                       continue_overrides=args.continue_set or [], progress=not args.quiet)
+    print(Path(out) / "report.md" if "report" in res else out)
     return 0
 
 
@@ -277,6 +288,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a config field, e.g. --set steps=100 --set data.max_len=512")
         t.add_argument("--quiet", action="store_true", help="no progress bar")
         t.set_defaults(func=fn)
+
+    pp = sub.add_parser("pipeline", help="the main job in one resumable run: prepare -> baseline -> control and "
+                        "DVD continuations -> eval -> report (Markdown + JSON + PNG) in --out")
+    pp.add_argument("--config", default="smollm2", help="tiny | smollm2 | qwen3_4b | path/to/config.py")
+    pp.add_argument("--preset", choices=["quick", "full"], default="quick",
+                    help="quick: a complete small report (~15 min on 2 CPU cores); full: the config's sizes")
+    pp.add_argument("--out", default=None, help="output folder (default: runs/pipeline-<config>-<preset>)")
+    pp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field of every training stage")
+    pp.add_argument("--continue-set", action="append", metavar="KEY=VALUE",
+                    help="override a field of the control and DVD continuations only, e.g. --continue-set steps=50")
+    pp.add_argument("--quiet", action="store_true", help="no progress bars")
+    pp.set_defaults(func=_cmd_pipeline)
 
     pl = sub.add_parser("plot", help="PNG of a run's metrics (loss, estimated tau, per-slot accept rate)")
     pl.add_argument("--run", required=True, help="training output folder (holds metrics.jsonl)")

