@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The main job on the embedded default (SmolLM2-135M-Instruct from PyPI, ShareGPT prompts), on a fresh
-# machine: set up, regenerate training responses, train the drafter, then decode with it (AR vs
-# speculative baseline vs speculative Carryover, same prompts, one run). Every stage resumes where it
-# stopped if the script is run again. Extra arguments are config overrides, e.g. --set steps=100.
+# machine: set up, then `carryover pipeline` — regenerate training responses with the target, train a
+# baseline drafter, continue it twice from the same checkpoint (the equal-compute control and Carryover
+# DVD training), evaluate all of them against AR on HumanEval / MT-Bench / held-out ShareGPT, and write
+# report.md (+ JSON, PNG) into the run folder. Re-running resumes; finished stages are skipped.
+#   PRESET=quick (default): a complete small report in ~15 min on 2 CPU cores (a smoke run).
+#   PRESET=full: the reference run of docs/ (~1.5 h on 2 CPU cores).
+# Extra arguments go to `carryover pipeline`, e.g. --set steps=100 or --out DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh
-BIN=.venv/bin
-RUN="${CARRYOVER_RUN:-runs/smollm2}"
-"$BIN/carryover" prepare --config smollm2 --set "data.store=$RUN/data" "$@"
-"$BIN/carryover" train --config smollm2 --set "data.store=$RUN/data" --set "out_dir=$RUN/train" "$@"
-"$BIN/carryover" bench decode --target smollm2 --drafter "$RUN/train/drafter" --out "$RUN/bench_decode.json"
-echo "drafter: $RUN/train/drafter   metrics plot: $RUN/train/metrics.png   decode results: $RUN/bench_decode.json"
+PRESET="${PRESET:-quick}"
+.venv/bin/carryover pipeline --config smollm2 --preset "$PRESET" --out "runs/pipeline-smollm2-$PRESET" "$@"
