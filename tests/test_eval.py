@@ -217,10 +217,11 @@ def test_eval_end_to_end_on_tiny_models(tok_target, tmp_path, capsys):
     assert main(["eval", "--target", str(tok_target), "--drafter", f"baseline={base}",
                  "--drafter", f"carryover={carry}:carryover", "--datasets", f"mine={prompts}",
                  "--max-new-tokens", "12", "--temperatures", "0", "--batch-sizes", "1", "--diagnostics",
-                 "--diagnostic-prompts", "1", "--quiet", "--out", str(out)]) == 0
+                 "--diagnostic-prompts", "1", "--timing-repeats", "2", "--quiet", "--out", str(out)]) == 0
     result = json.loads((out / "results.json").read_text())
     log = result["log"]
     assert len(log) == 2 * 3 and [r["prompt"] for r in log if r["mode"] == "ar"] == ["1", "2"]
+    assert result["config"]["timing_repeats"] == 2
     assert all(r["matches_ar"] for r in log if r["mode"] != "ar")
     s = result["summary"]
     assert s["check"]["identical_to_ar"] == 4 and s["check"]["throughput_identical_to_ar"]

@@ -31,6 +31,8 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 2, 4, 8],
                    help="throughput pass at T = 0 (none: skip it)")
     p.add_argument("--max-len", type=int, default=None, help="KV cache length (default: fits each request)")
+    p.add_argument("--timing-repeats", type=int, default=1,
+                   help="time every call N times and keep the median (a busy machine); the tokens are the same")
     p.add_argument("--mask-token-id", type=int, default=None,
                    help="the MASK row every drafter must use (default: the target's)")
     p.add_argument("--diagnostics", action="store_true",
@@ -48,7 +50,8 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
 def _check_args(args):
     from carryover_jax.errors import CarryoverError
 
-    for name in ("prompts_per_dataset", "max_prompt_tokens", "max_new_tokens", "seeds", "diagnostic_prompts"):
+    for name in ("prompts_per_dataset", "max_prompt_tokens", "max_new_tokens", "seeds", "diagnostic_prompts",
+                 "timing_repeats"):
         if getattr(args, name) < 1:
             raise CarryoverError(f"--{name.replace('_', '-')} must be >= 1")
     if any(b < 1 for b in args.batch_sizes):
@@ -82,7 +85,7 @@ def main(args) -> int:
         chat=not args.no_chat, max_new_tokens=args.max_new_tokens, temperatures=args.temperatures, seeds=args.seeds,
         batch_sizes=args.batch_sizes, max_len=args.max_len, mask_token_id=args.mask_token_id, dtype=args.dtype,
         diagnostics=args.diagnostics, diagnostic_prompts=args.diagnostic_prompts, progress=not args.quiet,
-        log=lambda msg: print(msg, file=sys.stderr))
+        log=lambda msg: print(msg, file=sys.stderr), timing_repeats=args.timing_repeats)
     out = write_outputs(result, args.out, plots=not args.no_plots)
     from carryover_jax.eval.report import render_markdown
 

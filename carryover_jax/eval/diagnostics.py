@@ -114,7 +114,8 @@ def _decode_with_log(target, entry, drafter, ids: list[list[int]], ref: list[lis
 
 
 def _reconvergence(rounds_log, accepted, finals: list[list[int]], P: int) -> dict[str, Any]:
-    aligned_hit, aligned_n = np.zeros(P, np.int64), np.zeros(P, np.int64)
+    # offsets j = 1..P-1 after the first rejected token
+    aligned_hit, aligned_n = np.zeros(max(P - 1, 1), np.int64), np.zeros(max(P - 1, 1), np.int64)
     reappear_hit = reappear_n = rejections = 0
     seen_rounds = np.zeros(len(finals), np.int64)
     for cur, active, toks in rounds_log:
