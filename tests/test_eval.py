@@ -314,3 +314,46 @@ def test_eval_datasets_first_turns(tmp_path):
         load_prompts([f"humaneval={f}"])
     with pytest.raises(CarryoverError, match="no prompt fits"):
         load_prompts([str(f)], fits=lambda p: False)
+
+
+def test_reconvergence_counts_on_a_hand_made_round_log():
+    from carryover_jax.eval.diagnostics import _reconvergence
+
+    P = 4
+    final = [9, 1, 2, 7, 3, 4, 5, 6, 8]  # committed tokens of one row (out index 0 = prefill token)
+    # round 1: anchor at out index 0 (out_len 1), drafts [1, 5, 3, 4]: a = 1 (1 ok, 5 != 2);
+    #   rejected suffix after the first: 3 at index 3 (final 7: not aligned), 4 at index 4 (final 3: no);
+    #   the next 4 committed after the correction (index 2) are [7, 3, 4, 5]: both 3 and 4 reappear.
+    # round 2: out_len 3, drafts [7, 3, 4, 5]: a = 4 = P, nothing rejected.
+    # round 3: out_len 8, drafts [0, 8, 0, 0]: a = 0; offsets 1..3 at indices 9..11 are past the end.
+    rounds_log = [(np.array([1]), np.array([True]), np.array([[1, 5, 3, 4]])),
+                  (np.array([3]), np.array([True]), np.array([[7, 3, 4, 5]])),
+                  (np.array([8]), np.array([True]), np.array([[0, 8, 0, 0]]))]
+    accepted = np.array([[1, 4, 0]])
+    r = _reconvergence(rounds_log, accepted, [final], P)
+    assert r["rejections"] == 2
+    assert r["aligned_counts"] == [1, 1, 0] and r["aligned_by_offset"] == [0.0, 0.0, None]
+    # reappear: round 1 tokens 3, 4 both in [7, 3, 4, 5]; round 3: window after index 8 is empty
+    assert r["reappear_tokens"] == 2 and r["reappear_rate"] == 1.0
+
+
+def test_eval_sampling_passes_on_tiny_models(tiny_llama, tmp_path):
+    """T = 1 with two seeds: per-seed passes, no AR check, a CI in the summary."""
+    from carryover_jax import load_target
+    from carryover_jax.eval.run import DrafterEntry, Item, load_entries, run_eval
+
+    target = load_target(tiny_llama.path, tokenizer=False)
+    d = _save_drafter(target, tmp_path / "c", carryover=True, seed=2)
+    drafters = load_entries(target, [DrafterEntry("carryover", d, True)], mask_token_id=4)
+    items = [Item("x", "p0", (5, 17, 33, 8, 41))]
+    result = run_eval(target, drafters, items, max_new_tokens=10, temperatures=(1.0,), seeds=2, batch_sizes=(),
+                      stop_token_ids=[], progress=False)
+    log = result["log"]
+    assert [(r["mode"], r["seed"]) for r in log] == [("ar", 0), ("carryover", 0), ("ar", 1), ("carryover", 1)]
+    assert all(r["matches_ar"] is None for r in log)
+    cell = result["summary"]["temperatures"]["1"]["datasets"]["x"]["carryover"]
+    assert cell["seeds"] == 2 and len(cell["tau_per_seed"]) == 2 and cell["tau_ci"] is not None
+    assert result["summary"]["check"]["sequences"] == 0 and result["throughput"] == []
+    from carryover_jax.eval.report import render_markdown
+
+    assert "No T = 0 pass was run" in render_markdown(result)
