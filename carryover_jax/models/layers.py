@@ -32,9 +32,9 @@ def tied_logits(h: Array, embedding: Array) -> Array:
     rows = math.prod(h.shape[:-1])
     e = embedding.astype(h.dtype)
     if rows == 1 or rows > VOCAB_MAJOR_MAX_ROWS:
-        return jnp.einsum("...d,vd->...v", h, e, preferred_element_type=jnp.float32)
-    vt = jnp.einsum("vd,nd->vn", e, h.reshape(rows, h.shape[-1]), preferred_element_type=jnp.float32)
-    return jax.lax.optimization_barrier(vt).T.reshape(*h.shape[:-1], -1)
+        return jnp.einsum("...d,vd->...v", h, e).astype(jnp.float32)
+    vt = jnp.einsum("vd,nd->vn", e, h.reshape(rows, h.shape[-1]))  # in h's dtype (XLA CPU has no bf16 x bf16 = f32 dot)
+    return jax.lax.optimization_barrier(vt).T.reshape(*h.shape[:-1], -1).astype(jnp.float32)
 
 
 def dtype_of(name: str):
@@ -111,7 +111,8 @@ class LiveMask:
 
     Attention over such a segment reads the buffer in fixed chunks of `chunk` slots up to the
     longest live row only (a `fori_loop` with a traced trip count), so a step costs what the used
-    part of the cache costs, not what `max_len` costs; shapes (and the compiled step) stay fixed."""
+    part of the cache costs, not what `max_len` costs; shapes (and the compiled step) stay fixed.
+    Decoding only: a loop with a traced trip count is not reverse-differentiable."""
 
     limit: Array  # [B, T] int
     chunk: int = flax.struct.field(pytree_node=False, default=LIVE_CHUNK)
@@ -216,9 +217,12 @@ def _blockwise_part(qg: Array, k: Array, v: Array, spec: Blockwise, scale: float
     b, hkv, g, t, d = qg.shape
     n = spec.num_blocks
     gq, gk = t // n, k.shape[2] // n
-    qb = qg.reshape(b, hkv, g, n, gq, d)
-    kb, vb = k.reshape(b, hkv, n, gk, d), v.reshape(b, hkv, n, gk, d)
-    s = jnp.einsum("bkgntd,bknsd->bkgnts", qb, kb, preferred_element_type=jnp.float32) * scale
+    # block-major operands (training's fresh K/V, not a cache): XLA CPU's plain batched dot has no
+    # bf16 x bf16 -> f32 kernel, and this form keeps bf16 training compiling as before
+    qb = jnp.transpose(qg, (0, 3, 1, 2, 4)).reshape(b, n, gq, hkv, g, d)
+    kb = jnp.swapaxes(k, 1, 2).reshape(b, n, gk, hkv, d)
+    vb = jnp.swapaxes(v, 1, 2).reshape(b, n, gk, hkv, d)
+    s = jnp.einsum("bntkgd,bnskd->bkgnts", qb, kb, preferred_element_type=jnp.float32) * scale
     mask = None
     if spec.causal:
         mask = jnp.tril(jnp.ones((gq, gk), bool))[None, None, None, None]
@@ -232,7 +236,7 @@ def _blockwise_part(qg: Array, k: Array, v: Array, spec: Blockwise, scale: float
         s = jnp.where(mask, s, NEG_INF)
         mx = jnp.max(s, axis=-1, keepdims=True)
         p = jnp.where(mask, jnp.exp(s - mx), 0.0)
-    o = jnp.einsum("bkgnts,bknsd->bkgntd", p.astype(v.dtype), vb, preferred_element_type=jnp.float32)
+    o = jnp.einsum("bkgnts,bnskd->bkgntd", p.astype(v.dtype), vb, preferred_element_type=jnp.float32)
     flat = lambda x: x.reshape(b, hkv, g, t, x.shape[-1])  # noqa: E731
     return flat(mx), flat(jnp.sum(p, axis=-1, keepdims=True)), flat(o)
 
