@@ -346,3 +346,22 @@ def test_dvd_and_control_continue_a_baseline_and_resume_exactly(tiny_llama, tmp_
     again = metrics("dvd2")
     for s in range(1, 7):
         assert again[s]["loss"] == pytest.approx(dvd_m[s]["loss"], rel=1e-5, abs=1e-6), s
+
+
+def test_dvd_step_with_remat_and_vocabulary_chunks_equals_the_plain_one():
+    from carryover_jax.train.step import init_state, make_optimizer, train_step
+
+    dc = _dc("markov", "deepspec")
+    tp = init_params(TCFG, jax.random.key(0))
+    ids, lm = _batch(0)
+    out = []
+    for kw in ({}, {"remat": True, "loss_chunk_rows": 7}):  # 7 divides none of the row counts: padding
+        cfg = TrainConfig(num_anchors=5, mode="dvd", **kw)
+        sc = step_config(cfg, TCFG, dc)
+        opt = make_optimizer(cfg, 2)
+        state = init_state(init_drafter_params(dc, jax.random.key(1)), opt, 0)
+        out.append(jax.jit(train_step, static_argnums=(0, 1))(sc, opt, state, tp, {"input_ids": ids, "loss_mask": lm}))
+    (s0, m0), (s1, m1) = out
+    for k in ("loss", "draft1/tau", "off/ce_loss", "grad_norm"):
+        np.testing.assert_allclose(float(m1[k]), float(m0[k]), rtol=1e-5, err_msg=k)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), s0.params, s1.params)
