@@ -22,8 +22,6 @@ from carryover_jax.config import TrainConfig, apply_overrides
 from carryover_jax.errors import ConfigError
 from carryover_jax.io import atomic_write_json
 
-STAGES = ("prepare", "baseline", "control", "dvd", "eval", "report")
-
 # Presets: training overrides (all stages), continuation overrides (control and dvd), eval settings.
 PRESETS: dict[str, dict[str, Any]] = {
     # a newcomer's first complete report, ~15 min on 2 CPU cores (a smoke run, not a converged drafter)
@@ -32,16 +30,16 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "num_anchors": 16, "save_every": 30, "log_every": 5},
         "continue": {"steps": 16, "save_every": 8},
         "eval": {"datasets": ["sharegpt", "humaneval", "mtbench"], "prompts_per_dataset": 2, "max_new_tokens": 32,
-                 "temperatures": [0.0], "seeds": 1, "batch_sizes": [1, 2], "diagnostics": True,
-                 "diagnostic_prompts": 1},
+                 "max_prompt_tokens": 256, "temperatures": [0.0], "seeds": 1, "batch_sizes": [1, 2], "max_len": 512,
+                 "diagnostics": True, "diagnostic_prompts": 1},
     },
-    # the reference run of docs/ (~1.5 h on 2 CPU cores): 128 conversations, 300 baseline + 80 continuation steps
+    # the reference run of docs/ (~1.5 h on 2 CPU cores): 128 conversations, 300 baseline + 60 continuation steps
     "full": {
         "train": {"data.max_prompts": 128, "steps": 300, "save_every": 100},
-        "continue": {"steps": 80, "save_every": 40},
-        "eval": {"datasets": ["sharegpt", "humaneval", "mtbench"], "prompts_per_dataset": 4, "max_new_tokens": 64,
-                 "temperatures": [0.0, 1.0], "seeds": 2, "batch_sizes": [1, 4], "diagnostics": True,
-                 "diagnostic_prompts": 1},
+        "continue": {"steps": 60, "save_every": 30},
+        "eval": {"datasets": ["sharegpt", "humaneval", "mtbench"], "prompts_per_dataset": 3, "max_new_tokens": 64,
+                 "temperatures": [0.0, 1.0], "seeds": 2, "batch_sizes": [1, 4], "max_len": 1024,
+                 "diagnostics": True, "diagnostic_prompts": 1},
     },
 }
 
