@@ -62,3 +62,19 @@ def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: list[int] | None 
             eos_token_id=eos, pad_token_id=0,
         )
     return out[0, len(ids):].tolist()
+
+
+def add_word_tokenizer(folder) -> None:
+    """A word-level tokenizer over the tiny vocabulary (`w5 w6 ...` are ids 5, 6, ...; `<empty_output>` is
+    id 4, so a target's default MASK row is 4) with a plain chat template, saved into `folder`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "<empty_output>": 4}
+    vocab.update({f"w{i}": i for i in range(5, 97)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    fast.save_pretrained(folder)

@@ -24,27 +24,13 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from carryover_jax.errors import CarryoverError, CheckpointError, ConfigError, DataError, RequestError, TrainingError
+from tests.hf_models import add_word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTEXT = 512  # the tiny target's max_position_embeddings
 
 
 # ---- fixtures: a tiny target with a tokenizer, a drafter, a store, a prompt file ------------------------
-def _add_tokenizer(folder: Path) -> None:
-    """A word-level tokenizer over the tiny vocabulary: `w5 w6 ...` are ids 5, 6, ...; with a chat template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "<empty_output>": 4}
-    vocab.update({f"w{i}": i for i in range(5, 97)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>")
-    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    fast.save_pretrained(folder)
-
-
 @dataclasses.dataclass
 class Env:
     target: Path  # HF folder with tokenizer
@@ -70,7 +56,7 @@ def base(tiny_llama, tmp_path_factory):
     root = tmp_path_factory.mktemp("bad_inputs")
     target = root / "target"
     shutil.copytree(tiny_llama.path, target)
-    _add_tokenizer(target)
+    add_word_tokenizer(target)
     loaded = load_target(target)
     d = init_drafter(loaded, kind="dflash", layout="zlab", num_proposals=3, num_layers=1, target_layer_ids=(0, 1),
                      mask_token_id=4)

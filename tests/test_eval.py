@@ -10,6 +10,7 @@ import pytest
 
 from carryover_jax.errors import CarryoverError
 from carryover_jax.eval import metrics as M
+from tests.hf_models import add_word_tokenizer
 
 
 def _rec(mode, ds, prompt, T, seed, new_tokens, time_s, accepted=None, matches=None):
@@ -158,19 +159,9 @@ def tok_target(tiny_llama, tmp_path_factory):
     `<empty_output>` = id 4, so the target's default MASK row is 4."""
     import shutil
 
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     folder = tmp_path_factory.mktemp("eval_target") / "target"
     shutil.copytree(tiny_llama.path, folder)
-    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "<empty_output>": 4}
-    vocab.update({f"w{i}": i for i in range(5, 97)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>")
-    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    fast.save_pretrained(folder)
+    add_word_tokenizer(folder)
     return folder
 
 

@@ -18,6 +18,16 @@ def _pct(x):
     return "-" if x is None else f"{x:+.1f}%"
 
 
+def _recall_rows(rep: dict) -> list[str]:
+    """A per-slot Recall@1/@16 table, carried rows supplied (ON) vs withheld (OFF), then a blank line."""
+    n = len(rep["recall1_on"])
+    rows = ["| slot | " + " | ".join(str(i + 1) for i in range(n)) + " |", "|---|" + "---|" * n]
+    for key, name in (("recall1_on", "R@1 ON"), ("recall1_off", "R@1 OFF"),
+                      ("recall16_on", "R@16 ON"), ("recall16_off", "R@16 OFF")):
+        rows.append(f"| {name} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in rep[key]) + " |")
+    return rows + [""]
+
+
 def summary_of(result: dict[str, Any]) -> dict[str, Any]:
     """The stored summary, or one recomputed from the log (a result written without it)."""
     from carryover_jax.eval.metrics import summarize
@@ -126,23 +136,13 @@ def render_diagnostics(diag: dict[str, Any]) -> list[str]:
     for lab, rep in diag.get("replay", {}).items():
         L += [f"ON/OFF replay, drafter **{lab}** ({rep['rounds']} rounds with carried rows; same weights and "
               "anchors, carried rows supplied vs withheld; target-token recall per proposal slot):", "",
-              "| slot | " + " | ".join(str(i + 1) for i in range(len(rep["recall1_on"]))) + " |",
-              "|---|" + "---|" * len(rep["recall1_on"])]
-        for key, name in (("recall1_on", "R@1 ON"), ("recall1_off", "R@1 OFF"),
-                          ("recall16_on", "R@16 ON"), ("recall16_off", "R@16 OFF")):
-            L.append(f"| {name} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in rep[key]) + " |")
-        L.append("")
+              *_recall_rows(rep)]
     for lab, rep in diag.get("replay_recorded", {}).items():
         c = rep["carried"]
         L += [f"ON/OFF replay on recorded sequences (training-style, `train/dvd.py`), drafter **{lab}**: "
               f"{rep['sequences']} AR outputs, {rep['anchors_per_sequence']} anchors each, draft 2 at s + a + 1 "
               f"after a greedy draft 1; anchors with carried rows per slot: {c['slot_counts']}", "",
-              "| slot | " + " | ".join(str(i + 1) for i in range(len(c["recall1_on"]))) + " |",
-              "|---|" + "---|" * len(c["recall1_on"])]
-        for key, name in (("recall1_on", "R@1 ON"), ("recall1_off", "R@1 OFF"),
-                          ("recall16_on", "R@16 ON"), ("recall16_off", "R@16 OFF")):
-            L.append(f"| {name} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in c[key]) + " |")
-        L.append("")
+              *_recall_rows(c)]
     for lab, rc in diag.get("reconvergence", {}).items():
         L.append(f"Re-convergence, drafter **{lab}**: {rc['rejections']} rejected branches; "
                  f"{100 * rc['reappear_rate']:.1f}% of the rejected suffix tokens after the first reappear in "
