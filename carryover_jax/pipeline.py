@@ -180,12 +180,11 @@ def write_report(out: Path, results: dict) -> dict:
     eval_md = (out / "eval" / "result" / "report.md").read_text()
     rows = []
     for name in ("baseline", "control", "dvd"):
-        r = results.get(name) or _done(out, name) or {}
+        r = results[name]
         m = r.get("final_metrics", {})
-        rows.append(f"| {name} | {r.get('steps', '-')} | {r.get('seconds', 0) / 60:.1f} | {m.get('loss', float('nan')):.3f} "
-                    f"| {m.get('tau_estimate', float('nan')):.3f} | {m.get('draft1/tau', float('nan')):.3f} "
-                    f"| {m.get('off/tau_estimate', float('nan')):.3f} |")
-    prep = results.get("prepare") or _done(out, "prepare") or {}
+        cells = [f"{m[k]:.3f}" if k in m else "-" for k in ("loss", "tau_estimate", "draft1/tau", "off/tau_estimate")]
+        rows.append(f"| {name} | {r.get('steps', '-')} | {r.get('seconds', 0) / 60:.1f} | " + " | ".join(cells) + " |")
+    prep = results["prepare"]
     md = [
         "# carryover pipeline report", "",
         f"Data: {prep.get('records', '?')} target-regenerated conversations, {prep.get('tokens', '?')} tokens "

@@ -204,15 +204,18 @@ def test_token_interfaces_embed_through_the_frozen_embedding():
         sc = _sc(dc, dvd_carry=carry)
         out[carry] = np.asarray(dvd.carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2)[0])
     tm = TargetLM(TCFG)
+    checked = 0
     for i in range(2):
         for n in range(5):
             a, s_n = int(acc[i, n]), int(anchors[i, n])
             if not k2[i, n] or a == p:
                 continue
+            checked += 1
             assert out["draft_tokens"][i, n * p] == int(props[i, n, a])  # the first rejected draft token
             seq = jnp.concatenate([ids[i, :s_n + 1], props[i, n]])[None]
             logits = tm.apply({"params": tp}, seq)[0][0]
             assert out["target_tokens"][i, n * p] == int(jnp.argmax(logits[s_n + a + 1]))
+    assert checked >= 3  # the comparison really ran
 
 
 # ---- a toy where the carried states reveal the answer ------------------------------------------------------
