@@ -8,10 +8,10 @@ import torch
 
 from carryover_jax import CheckpointError, ConfigError
 from carryover_jax.config import DrafterConfig
-from carryover_jax.models.drafter import (
-    Drafter, append_context, block_tokens, draft_block_logits, new_context_cache, sequential_proposals,
-    teacher_forced_logits,
+from carryover_jax.decode.drafting import (
+    append_context, block_tokens, draft_block_logits, new_context_cache, sequential_proposals, teacher_forced_logits,
 )
+from carryover_jax.models.drafter import Drafter
 from carryover_jax.weights.drafter_formats import export_drafter, load_drafter, save_drafter
 from export import torch_reference as ref
 from tests.drafter_fixtures import TINY_TARGET, VARIANTS, tiny_drafter, tiny_frozen

@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
-from carryover_jax.models.drafter import (
-    append_context, draft_block_logits, frozen_from_target, init_drafter_params, new_context_cache,
-    sequential_proposals,
-)
+from carryover_jax.decode.drafting import append_context, draft_block_logits, new_context_cache, sequential_proposals
+from carryover_jax.models.drafter import frozen_from_target, init_drafter_params
 from carryover_jax.models.target import TargetLM, init_params
 from carryover_jax.train import anchors as A
 from carryover_jax.train import dvd

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 
 from carryover_jax.config import DrafterConfig, TargetConfig
 from carryover_jax.decode.sampling import is_stop, probs, sample
-from carryover_jax.models import drafter as D
+from carryover_jax.decode import drafting as D
+from carryover_jax.models.drafter import frozen_from_target
 from carryover_jax.models.cache import KVCache
 from carryover_jax.models.target import TargetLM, new_cache
 
@@ -98,7 +99,7 @@ def prefill(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens, ma
 
 def _draft(sc: SpecConfig, target_params, draft_params, s: SpecState):
     """-> (proposals, q, new rng): only what drafting produces, so no state buffer is copied."""
-    frozen = D.frozen_from_target(target_params, sc.target)
+    frozen = frozen_from_target(target_params, sc.target)
     carried = (s.carried, s.rejected_count) if sc.carryover else (None, None)
     logits = D.draft_block_logits(sc.drafter, draft_params, frozen, s.draft_cache, s.anchor, *carried,
                                   carried_fused=True)

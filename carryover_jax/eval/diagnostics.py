@@ -30,7 +30,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from carryover_jax.config import next_bucket
+from carryover_jax.decode import drafting as D
+from carryover_jax.decode import speculative as sp
+from carryover_jax.decode.generate import MAX_STOP_IDS, generate, pad_batch, plan_lengths
 from carryover_jax.errors import CarryoverError
+from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden, proposal_slots
+from carryover_jax.models.layers import Blockwise
+from carryover_jax.train import anchors as A
+from carryover_jax.train import dvd
+from carryover_jax.train.losses import batch_features
+from carryover_jax.train.step import StepConfig
 
 TOP_K = 16
 
@@ -45,10 +55,8 @@ def _carried_is_fused(sp, cfg, carried) -> bool:
 @functools.partial(jax.jit, static_argnames=("sc", "k", "fused"))
 def replay_hits(sc, target_params, draft_params, s, targets, *, k: int = TOP_K, fused: bool = False):
     """Per row and slot: (R@1 ON, R@k ON, R@1 OFF, R@k OFF, valid), all [B, P] bool."""
-    from carryover_jax.models import drafter as D
-
     cfg = sc.drafter
-    frozen = D.frozen_from_target(target_params, sc.target)
+    frozen = frozen_from_target(target_params, sc.target)
     kw = {"carried_fused": True} if fused else {}
 
     def logits(count):
@@ -69,9 +77,6 @@ def replay_hits(sc, target_params, draft_params, s, targets, *, k: int = TOP_K, 
 
 def _decode_with_log(target, entry, drafter, ids: list[list[int]], ref: list[list[int]], *, max_new_tokens: int,
                      max_len, stop_ids: list[int], replay: bool):
-    from carryover_jax.config import next_bucket
-    from carryover_jax.decode import speculative as sp
-    from carryover_jax.decode.generate import MAX_STOP_IDS, pad_batch, plan_lengths
 
     dcfg, dp, tp = drafter.cfg, drafter.params, target.params
     P = dcfg.num_proposals
@@ -150,7 +155,6 @@ def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, m
     `replay_anchors` sampled anchors per sequence, then draft 2 with the carried rows supplied vs withheld)."""
     from tqdm import tqdm
 
-    from carryover_jax.decode.generate import generate
 
     if not items:
         raise CarryoverError("no prompts for the diagnostics")
@@ -191,7 +195,6 @@ def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, m
 
 # ---- training-style replay on recorded sequences (reuses DVD training's draft 1 / verify / carry) ------
 def replay_step_config(target_cfg, drafter_cfg, num_anchors: int):
-    from carryover_jax.train.step import StepConfig
 
     return StepConfig(target=target_cfg, drafter=drafter_cfg, num_anchors=num_anchors, gamma=7.0, ce_weight=1.0,
                       l1_weight=0.0, mode="dvd", carry="hidden", off_metrics=True)
@@ -205,11 +208,6 @@ def recorded_replay_hits(sc, params, target_params, ids, loss_mask, rng, *, k: i
     the same `rng` use as `dvd_loss`. Returns per-slot sums [P]: R@1 ON/OFF, R@k ON/OFF, and counts,
     each over (a) anchors with carried rows (a_n < P) and (b) all kept anchors (what `dvd_loss` logs as
     top1_acc@slot / off/top1_acc@slot)."""
-    from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden
-    from carryover_jax.models.layers import Blockwise
-    from carryover_jax.train import anchors as A
-    from carryover_jax.train import dvd
-    from carryover_jax.train.losses import batch_features
 
     dc = sc.drafter
     b, s = ids.shape
@@ -230,7 +228,7 @@ def recorded_replay_hits(sc, params, target_params, ids, loss_mask, rng, *, k: i
             {"params": params}, blk2.tokens, blk2.positions, frozen, feats.astype(jnp.dtype(dc.backbone.dtype)),
             jnp.broadcast_to(jnp.arange(s)[None], (b, s)), A.context_mask(blk2, t, s), block_mask=t,
             return_hidden=True, **kw)
-        h = h.reshape(b, n, t, -1)[:, :, A.proposal_slots(dc)].reshape(b, n * p, -1)
+        h = h.reshape(b, n, t, -1)[:, :, proposal_slots(dc)].reshape(b, n * p, -1)
         z = logits_from_hidden(h, frozen).reshape(b, n, p, -1)
         if dc.markov_rank:  # teacher-forced: the previous token is the recorded one
             prev = jnp.concatenate([blk2.tokens.reshape(b, n, t)[:, :, :1], blk2.labels[..., :-1]], axis=-1)
@@ -257,7 +255,6 @@ def recorded_replay(target, drafter, sequences: Sequence[tuple[list[int], int]],
                     seed: int = 0) -> dict[str, Any]:
     """`sequences`: (token ids, prompt length) — the generated part is what anchors and labels come from.
     Every sequence is padded to one length (one compile); one sequence per call."""
-    from carryover_jax.config import next_bucket
 
     dc = drafter.cfg
     if not dc.carryover:

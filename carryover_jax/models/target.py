@@ -1,14 +1,21 @@
-"""Target LM (Llama / Qwen3 by config switches) as a pure functional Flax linen module.
+"""Target LM (Llama / Qwen3 / Gemma 3 / Gemma 4 text by config switches) as a pure functional Flax linen module.
 
 `TargetLM.apply(params, tokens, positions, cache, ...)` returns `(logits, new_cache, taps)`:
 - `cache` is an explicit `KVCache` pytree (or None for a cache-free forward over a whole sequence,
   used by training to compute target features);
 - `taps` is a tuple, in `tap_layers` order, of residual-stream outputs: layer id l is the output of
   decoder layer l (HF `hidden_states[l + 1]` for l < L-1; HF applies the final norm to its last
-  entry, we do not), id -1 is the embedding output. Drafters consume these as their features.
+  entry, we do not), id -1 is the embedding output (Gemma: already x sqrt(d)). Drafters consume
+  these as their features.
+
+Gemma's sliding-window layers use the same cache layout (slot = position); their window is a
+lower bound in their masks (`LiveMask.lower` for the cache, so a decode step reads only the
+window's chunks), so rollback stays `lengths = ...` for every layer.
 """
 
 from __future__ import annotations
+
+import math
 
 import flax.linen as nn
 import jax
@@ -22,29 +29,50 @@ from carryover_jax.models.layers import MLP, Attention, LiveMask, RMSNorm, dtype
 Array = jax.Array
 
 
-def target_inv_freq(cfg: TargetConfig) -> tuple[float, ...]:
-    return tuple(
-        float(x)
-        for x in rope_inv_freq(
-            cfg.head_dim, cfg.rope_theta, cfg.rope_type, cfg.rope_factor, cfg.rope_low_freq_factor,
-            cfg.rope_high_freq_factor, cfg.rope_original_max_position,
+def target_inv_freq(cfg: TargetConfig, layer: int = 0) -> tuple[float, ...]:
+    """RoPE inverse frequencies of decoder layer `layer` (Gemma: sliding layers have their own base)."""
+    if cfg.is_sliding(layer):
+        inv = rope_inv_freq(cfg.layer_head_dim(layer), cfg.rope_local_theta)
+    else:
+        inv = rope_inv_freq(
+            cfg.layer_head_dim(layer), cfg.rope_theta, cfg.rope_type, cfg.rope_factor, cfg.rope_low_freq_factor,
+            cfg.rope_high_freq_factor, cfg.rope_original_max_position, cfg.rope_partial_factor,
         )
-    )
+    return tuple(float(x) for x in inv)
+
+
+def layer_type(cfg: TargetConfig, layer: int) -> str:
+    return "sliding_attention" if cfg.is_sliding(layer) else "full_attention"
 
 
 class DecoderLayer(nn.Module):
+    """One decoder layer. `index` picks the layer's attention type, RoPE and shapes (Gemma); it may
+    be omitted only when every layer of `cfg` is alike."""
+
     cfg: TargetConfig
+    index: int | None = None
 
     def setup(self):
         c = self.cfg
+        if self.index is None and not c.uniform_layers:
+            raise ConfigError("a DecoderLayer of a target with per-layer attention types needs its layer index")
+        i = self.index or 0
         dt, pdt = dtype_of(c.dtype), dtype_of(c.param_dtype)
-        self.input_layernorm = RMSNorm(c.rms_norm_eps, dt, pdt)
+        norm = dict(eps=c.rms_norm_eps, dtype=dt, param_dtype=pdt, kind=c.norm_kind)
+        self.input_layernorm = RMSNorm(**norm)
         self.self_attn = Attention(
-            embed_dim=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-            inv_freq=target_inv_freq(c), qk_norm=c.qk_norm, use_bias=c.attention_bias, eps=c.rms_norm_eps,
-            dtype=dt, param_dtype=pdt,
+            embed_dim=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.layer_kv_heads(i),
+            head_dim=c.layer_head_dim(i), inv_freq=target_inv_freq(c, i), qk_norm=c.qk_norm,
+            use_bias=c.attention_bias, eps=c.rms_norm_eps, dtype=dt, param_dtype=pdt, scale=c.attention_scale,
+            norm_kind=c.norm_kind, v_norm=c.v_norm, k_eq_v=c.layer_k_eq_v(i),
         )
-        self.post_attention_layernorm = RMSNorm(c.rms_norm_eps, dt, pdt)
+        self.post_attention_layernorm = RMSNorm(**norm)
+        if c.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(**norm)
+            self.post_feedforward_layernorm = RMSNorm(**norm)
+        if c.layer_scalar:
+            self.scalar = self.param("layer_scalar", nn.with_logical_partitioning(nn.initializers.ones, (None,)),
+                                     (1,), pdt)
         self.mlp = MLP(c.hidden_size, c.intermediate_size, c.hidden_act, c.mlp_bias, dt, pdt)
 
     def __call__(self, h, positions, mask, kv_buffers=None, write_index=None):
@@ -57,10 +85,6 @@ class DecoderLayer(nn.Module):
             v = write_chunk(kv_buffers[1], v, write_index)
         return self._finish(h, q, [(k, v, mask)]), (k, v)
 
-    def context_kv(self, c, positions):
-        """K/V of fused context rows (drafters): projected as they are, no input_layernorm."""
-        return self.self_attn.keys_values(c, positions)
-
     def with_context(self, h, positions, context_segments, block_mask):
         """Drafter block: queries from the block, keys/values from the given context segments
         (cache, carried rows, ...) followed by the block itself."""
@@ -70,8 +94,15 @@ class DecoderLayer(nn.Module):
         return self._finish(h, q, list(context_segments) + [(k, v, block_mask)])
 
     def _finish(self, h, q, segments):
-        h = h + self.self_attn.attend(q, segments)
-        h = h + self.mlp(self.post_attention_layernorm(h))
+        a = self.self_attn.attend(q, segments)
+        if self.cfg.sandwich_norms:  # Gemma: post_attention_layernorm normalises the attention output
+            h = h + self.post_attention_layernorm(a)
+            h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        else:
+            h = h + a
+            h = h + self.mlp(self.post_attention_layernorm(h))
+        if self.cfg.layer_scalar:
+            h = h * self.scalar.astype(h.dtype)
         return nn.with_logical_constraint(h, ("activation_batch", "activation_length", "activation_embed"))
 
 
@@ -87,6 +118,7 @@ class DecoderStack(nn.Module):
 
     @nn.compact
     def __call__(self, h, positions, mask, cache: KVCache | None, tap_layers: tuple[int, ...]):
+        """`mask`: one mask for every layer, or {layer type: mask} (`TargetLM.masks`)."""
         taps = {}
         if -1 in tap_layers:
             taps[-1] = h
@@ -94,7 +126,8 @@ class DecoderStack(nn.Module):
         for i in range(self.cfg.num_layers):
             bufs = None if cache is None else (cache.k[i], cache.v[i])
             write = None if cache is None else cache.lengths
-            h, (k, v) = DecoderLayer(self.cfg, name=str(i))(h, positions, mask, bufs, write)
+            m = mask[layer_type(self.cfg, i)] if isinstance(mask, dict) else mask
+            h, (k, v) = DecoderLayer(self.cfg, i, name=str(i))(h, positions, m, bufs, write)
             new_k.append(k)
             new_v.append(v)
             if i in tap_layers:
@@ -113,7 +146,7 @@ class TargetLM(nn.Module):
             embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")),
         )
         self.layers = DecoderStack(c)
-        self.norm = RMSNorm(c.rms_norm_eps, dt, pdt)
+        self.norm = RMSNorm(c.rms_norm_eps, dt, pdt, kind=c.norm_kind)
         if not c.tie_word_embeddings:
             self.lm_head = nn.Dense(
                 c.vocab_size, use_bias=False, dtype=dt, param_dtype=pdt,
@@ -121,11 +154,23 @@ class TargetLM(nn.Module):
             )
 
     def embed(self, tokens: Array) -> Array:
-        return self.embed_tokens(tokens)
+        h = self.embed_tokens(tokens)
+        if self.cfg.embed_scale:  # Gemma: x sqrt(d), the scale rounded to the embedding dtype first
+            h = h * jnp.asarray(math.sqrt(self.cfg.hidden_size), dtype_of(self.cfg.param_dtype)).astype(h.dtype)
+        return h
 
-    def logits(self, h: Array) -> Array:
-        """Final norm + LM head (tied or not); float32 logits."""
-        return self.head(self.norm(h))
+    def masks(self, full, query_slots: Array):
+        """The full-attention mask, plus for a target with sliding layers the same mask cut to the
+        window: {layer type: mask}. Keys are cache slots (slot = position); `query_slots` [B, T]."""
+        c = self.cfg
+        if not any(c.is_sliding(i) for i in range(c.num_layers)):
+            return full
+        lower = query_slots - (c.sliding_window - 1)  # HF: key > query - sliding_window
+        if isinstance(full, LiveMask):
+            sliding = LiveMask(full.limit, full.chunk, lower=lower)
+        else:
+            sliding = full & (jnp.arange(full.shape[-1])[None, None, :] >= lower[:, :, None])
+        return {"full_attention": full, "sliding_attention": sliding}
 
     def features(self, tokens: Array, tap_layers: tuple[int, ...], mask: Array | None = None, *,
                  with_kv: bool = False):
@@ -136,15 +181,20 @@ class TargetLM(nn.Module):
         if mask is not None:
             attn_mask = attn_mask & mask
         positions = jnp.broadcast_to(jnp.arange(t)[None, :], (b, t))
+        attn_mask = self.masks(attn_mask, positions)
         h, ks, vs, taps = self.layers(self.embed(tokens), positions, attn_mask, None, tuple(tap_layers))
         return (taps, self.norm(h), ks, vs) if with_kv else (taps, self.norm(h))
 
     def head(self, h: Array) -> Array:
-        """LM head on already final-normed hidden states (float32 logits). Tied: a plain contraction
-        with the [V, d] embedding (`Embed.attend` compiles to a transpose fused into the dot, slower)."""
+        """LM head on already final-normed hidden states (float32 logits; Gemma: soft-capped). Tied: a
+        plain contraction with the [V, d] embedding (`Embed.attend` compiles to a transpose fused
+        into the dot, slower)."""
         if not self.cfg.tie_word_embeddings:
-            return self.lm_head(h).astype(jnp.float32)
-        return tied_logits(h, self.embed_tokens.embedding)
+            logits = self.lm_head(h).astype(jnp.float32)
+        else:
+            logits = tied_logits(h, self.embed_tokens.embedding)
+        cap = self.cfg.final_logit_softcapping
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
 
     def __call__(
         self,
@@ -182,10 +232,10 @@ class TargetLM(nn.Module):
         if positions is None:
             positions = slots
         h = self.embed(tokens)
-        h, ks, vs, taps = self.layers(h, positions, attn_mask, cache, tuple(tap_layers))
+        h, ks, vs, taps = self.layers(h, positions, self.masks(attn_mask, slots), cache, tuple(tap_layers))
         if logit_indices is not None:
             h = jnp.take_along_axis(h, logit_indices[:, :, None], axis=1)
-        logits = self.logits(h)
+        logits = self.head(self.norm(h))
         new_cache = None if cache is None else KVCache(k=ks, v=vs, lengths=cache.lengths + t)
         return logits, new_cache, taps
 
@@ -206,7 +256,9 @@ def abstract_params(cfg: TargetConfig):
 
 
 def new_cache(cfg: TargetConfig, batch: int, max_len: int) -> KVCache:
+    """Per-layer buffers (Gemma 4's global layers have their own head dim and KV heads)."""
     return KVCache.zeros(
-        num_layers=cfg.num_layers, batch=batch, max_len=max_len, num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim, dtype=dtype_of(cfg.dtype),
+        num_layers=cfg.num_layers, batch=batch, max_len=max_len,
+        num_kv_heads=tuple(cfg.layer_kv_heads(i) for i in range(cfg.num_layers)),
+        head_dim=tuple(cfg.layer_head_dim(i) for i in range(cfg.num_layers)), dtype=dtype_of(cfg.dtype),
     )

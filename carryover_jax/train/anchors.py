@@ -85,8 +85,3 @@ def context_mask(blocks: Blocks, block_size: int, seq_len: int) -> Array:
     k = jnp.repeat(blocks.keep, block_size, axis=1)
     return (jnp.arange(seq_len)[None, None, :] < a[:, :, None]) & k[:, :, None]
 
-
-def proposal_slots(cfg: DrafterConfig) -> Array:
-    """Block slot index of each proposal (zlab: 1..B-1, deepspec: 0..B-1)."""
-    off = 1 if cfg.layout == "zlab" else 0
-    return jnp.arange(cfg.num_proposals) + off

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden, sequential_proposals
+from carryover_jax.decode.drafting import sequential_proposals
+from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden, proposal_slots
 from carryover_jax.models.layers import Blockwise
 from carryover_jax.models.target import DecoderLayer, TargetLM
 from carryover_jax.train import anchors as A
@@ -48,7 +49,7 @@ def draft_proposals(sc: StepConfig, params, frozen, feats: Array, blk: A.Blocks)
         {"params": params}, blk.tokens, blk.positions, frozen, feats.astype(jnp.dtype(dc.backbone.dtype)),
         jnp.broadcast_to(jnp.arange(s)[None], (b, s)), A.context_mask(blk, t, s), block_mask=t, return_hidden=True,
     )
-    h = h.reshape(b * n, t, -1)[:, A.proposal_slots(dc)]  # [B*N, P, d]
+    h = h.reshape(b * n, t, -1)[:, proposal_slots(dc)]  # [B*N, P, d]
     anchor_tok = blk.tokens.reshape(b * n, t)[:, 0]
 
     def propose(hc, ac):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden
+from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden, proposal_slots
 from carryover_jax.models.layers import Blockwise
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
@@ -58,7 +58,7 @@ def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, 
         jnp.broadcast_to(jnp.arange(s)[None], (b, s)), A.context_mask(blk, t, s),
         block_mask=t, return_hidden=True, **kw,  # block-diagonal: each of the N blocks sees only itself
     )
-    h = h.reshape(b, n, t, -1)[:, :, A.proposal_slots(dc)].reshape(b * n * p, -1)  # one row per proposal
+    h = h.reshape(b, n, t, -1)[:, :, proposal_slots(dc)].reshape(b * n * p, -1)  # one row per proposal
     # the target's next-token distribution at each proposal's prediction point (label position - 1)
     pred_at = jnp.clip(blk.label_idx - 1, 0, s - 1).reshape(b, n * p)
     th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n * p, -1)

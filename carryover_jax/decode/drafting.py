@@ -1,0 +1,146 @@
+"""Decoding with a drafter: its committed-context KV cache, one drafting round's block (with the
+carried rejected rows), and turning backbone logits into proposals and the draft distributions q.
+
+The module (`models/drafter.py`) defines the params and the forward; this file holds the engine's
+use of it. Context rows enter the cache once, when they are committed (`append_context`), and are
+never transformed by the draft layers; carried rows live for one round only.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from carryover_jax.config import DrafterConfig
+from carryover_jax.decode.sampling import probs, sample
+from carryover_jax.models.cache import KVCache, write_chunk
+from carryover_jax.models.drafter import Drafter, logits_from_hidden, proposal_slots
+from carryover_jax.models.layers import LiveMask, dtype_of, tied_logits
+
+Array = jax.Array
+
+
+def new_context_cache(cfg: DrafterConfig, batch: int, max_len: int) -> KVCache:
+    bc = cfg.backbone
+    return KVCache.zeros(num_layers=bc.num_layers, batch=batch, max_len=max_len, num_kv_heads=bc.num_kv_heads,
+                         head_dim=bc.head_dim, dtype=dtype_of(bc.dtype))
+
+
+def append_context(cfg: DrafterConfig, params, cache: KVCache, features: Array, count: Array) -> KVCache:
+    """Project newly committed features [B, R, m·d] (first `count[b]` rows valid) into the cache at
+    slots `lengths .. lengths+R-1` (= their positions); lengths += count. Only new rows are projected."""
+    return append_rows(cfg, params, cache, fuse_rows(cfg, params, features), count)
+
+
+def fuse_rows(cfg: DrafterConfig, params, features: Array) -> Array:
+    """Target features [B, R, m·d] -> fused rows [B, R, d] (`fc` + `hidden_norm`)."""
+    return Drafter(cfg).apply({"params": params}, features, method=Drafter.fuse)
+
+
+def mark_carried(cfg: DrafterConfig, params, fused: Array) -> Array:
+    """Fused rows -> carried rows (+ e_rej), so the rejected rows verification fused for the cache
+    append are not fused by `fc` a second time."""
+    return Drafter(cfg).apply({"params": params}, fused, method=Drafter.mark_carried)
+
+
+def append_rows(cfg: DrafterConfig, params, cache: KVCache, rows: Array, count: Array) -> KVCache:
+    """`append_context` for rows fused already ([B, R, d])."""
+    r = rows.shape[1]
+    positions = cache.lengths[:, None] + jnp.arange(r)[None, :]
+    ks, vs = Drafter(cfg).apply({"params": params}, rows, positions, method=Drafter.project)
+    return KVCache(
+        k=tuple(write_chunk(buf, k, cache.lengths) for buf, k in zip(cache.k, ks)),
+        v=tuple(write_chunk(buf, v, cache.lengths) for buf, v in zip(cache.v, vs)),
+        lengths=cache.lengths + count.astype(jnp.int32),
+    )
+
+
+def block_tokens(cfg: DrafterConfig, anchor: Array) -> Array:
+    """[anchor, MASK x (B-1)] for each row."""
+    b = anchor.shape[0]
+    masks = jnp.full((b, cfg.block_size - 1), cfg.mask_token_id, jnp.int32)
+    return jnp.concatenate([anchor[:, None].astype(jnp.int32), masks], axis=1)
+
+
+def draft_block_logits(cfg: DrafterConfig, params, frozen, cache: KVCache, anchor: Array,
+                       carried: Array | None = None, rejected_count: Array | None = None, *,
+                       carried_fused: bool = False):
+    """One drafting round's backbone logits for the proposal slots, [B, P, V].
+
+    The anchor sits at position `cache.lengths` (context is strictly before it; attention reads the
+    cache only up to the longest row). Carried rows j sit at `anchor_pos + j` and are visible iff
+    j < rejected_count; pass `carried=None` for the plain drafter. `carried` holds target features
+    [B, P, m·d], or with `carried_fused` rows already fused and marked (`mark_carried`) [B, P, d].
+    Shapes never depend on the counts.
+    """
+    m = Drafter(cfg)
+    b, t = anchor.shape[0], cfg.block_size
+    anchor_pos = cache.lengths
+    positions = anchor_pos[:, None] + jnp.arange(t)[None, :]
+    ctx_mask = LiveMask(jnp.broadcast_to(cache.lengths[:, None], (b, t)))
+    rows = ()
+    if carried is not None:
+        p = carried.shape[1]
+        cpos = anchor_pos[:, None] + jnp.arange(p)[None, :]
+        cmask = jnp.arange(p)[None, :] < rejected_count[:, None]
+        fused = carried if carried_fused else m.apply({"params": params}, carried, method=Drafter.fuse_carried)
+        rows = ((fused, cpos, jnp.broadcast_to(cmask[:, None, :], (b, t, p))),)
+    h = m.apply({"params": params}, block_tokens(cfg, anchor), positions, frozen,
+                cached=(cache.k, cache.v, ctx_mask), rows=rows, method=Drafter.block_hidden)
+    h = h[:, proposal_slots(cfg)]
+    if frozen.get("head") is None:  # tied: the few-row vocabulary-major contraction
+        return tied_logits(h, frozen["embed"])
+    return logits_from_hidden(h, frozen)
+
+
+def markov_bias(cfg: DrafterConfig, params, prev_tokens: Array) -> Array:
+    return Drafter(cfg).apply({"params": params}, prev_tokens, method=Drafter.markov_bias)
+
+
+def teacher_forced_logits(cfg: DrafterConfig, params, backbone_logits: Array, anchor: Array, targets: Array):
+    """Markov-corrected logits when the previous tokens are known: proposal i's previous token is
+    the anchor for i = 0, else targets[:, i-1]. (Identity for DFlash.)"""
+    if not cfg.markov_rank:
+        return backbone_logits
+    prev = jnp.concatenate([anchor[:, None], targets[:, :-1]], axis=1)
+    return backbone_logits + markov_bias(cfg, params, prev)
+
+
+def sequential_proposals(cfg: DrafterConfig, params, backbone_logits: Array, anchor: Array, rng: Array,
+                         temperature: Array, top_k: int = 0, top_p: float = 1.0, *, sampling: bool = True):
+    """Turn backbone logits [B, P, V] into proposals [B, P] and the draft distributions q [B, P, V]
+    used by lossless verification. DFlash: slots are independent. Markov: sequential over slots, each
+    slot's bias from the token chosen at the previous slot (the anchor for the first).
+
+    `sampling=False` (static: every row greedy) takes argmaxes and returns q = None: no softmax or
+    random draws over the vocabulary."""
+    b, p, _ = backbone_logits.shape
+    if not sampling:
+        if not cfg.markov_rank:
+            return jnp.argmax(backbone_logits, -1).astype(jnp.int32), None, backbone_logits
+
+        def greedy(prev, lg):
+            lg = lg + markov_bias(cfg, params, prev[:, None])[:, 0]
+            tok = jnp.argmax(lg, -1).astype(jnp.int32)
+            return tok, (tok, lg)
+
+        _, (toks, corrected) = jax.lax.scan(greedy, anchor.astype(jnp.int32), jnp.swapaxes(backbone_logits, 0, 1))
+        return jnp.swapaxes(toks, 0, 1), None, jnp.swapaxes(corrected, 0, 1)
+    keys = jax.random.split(rng, p)
+    if not cfg.markov_rank:
+        q = probs(backbone_logits, temperature[:, None], top_k, top_p)
+        toks = jax.vmap(lambda k, lg: sample(k, lg, temperature, top_k, top_p), in_axes=(0, 1), out_axes=1)(
+            keys, backbone_logits)
+        return toks, q, backbone_logits
+
+    def body(prev, xs):
+        key, lg = xs
+        lg = lg + markov_bias(cfg, params, prev[:, None])[:, 0]
+        tok = sample(key, lg, temperature, top_k, top_p)
+        return tok, (tok, probs(lg, temperature, top_k, top_p), lg)
+
+    _, (toks, q, corrected) = jax.lax.scan(body, anchor.astype(jnp.int32), (keys, jnp.swapaxes(backbone_logits, 0, 1)))
+    sw = functools.partial(jnp.swapaxes, axis1=0, axis2=1)
+    return sw(toks), sw(q), sw(corrected)
