@@ -12,12 +12,25 @@ from typing import Any, Mapping
 
 from carryover_jax.errors import ConfigError
 
-FAMILIES = ("llama", "qwen3")
-# HF architectures we can load, mapped to our family switch.
+FAMILIES = ("llama", "qwen3", "gemma3", "gemma4")
+# HF architectures we can load, mapped to our family switch. The multimodal Gemma classes load
+# their text model (`text_config`, weights under `model.language_model.`).
 HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",
+    "Gemma4ForCausalLM": "gemma4",
+    "Gemma4ForConditionalGeneration": "gemma4",
 }
+_MODEL_TYPES = {"llama": "llama", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3",
+                "gemma4_text": "gemma4", "gemma4": "gemma4"}
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# Gemma 4 text-config fields the 12B text model does not use: a checkpoint that sets one is refused
+# by name instead of loading silently wrong. (field, the value we support)
+_GEMMA4_UNSUPPORTED = (("hidden_size_per_layer_input", 0), ("num_kv_shared_layers", 0),
+                       ("enable_moe_block", False), ("use_double_wide_mlp", False),
+                       ("use_bidirectional_attention", None))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,6 +63,21 @@ class TargetConfig:
     # Token ids (informational; stop tokens are resolved from the tokenizer/generation config).
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    # Gemma switches (defaults = Llama/Qwen3). Per-layer attention type; () = all "full_attention".
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None  # sliding layers: query p sees positions > p - sliding_window
+    rope_local_theta: float = 10000.0  # RoPE base of sliding layers (default RoPE, head_dim)
+    rope_partial_factor: float = 1.0  # rope_type "proportional" (Gemma 4 global layers)
+    attention_scale: float | None = None  # None: head_dim ** -0.5 (Gemma 3: query_pre_attn_scalar ** -0.5)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    norm_kind: str = "llama"  # RMSNorm weight: "llama" w·y, "gemma" (1 + w)·y (Gemma 3), "gemma4" w·y in f32
+    sandwich_norms: bool = False  # + post_attention / pre_ and post_feedforward norms (Gemma)
+    embed_scale: bool = False  # embeddings x sqrt(hidden_size), the scale in the embedding dtype
+    v_norm: bool = False  # Gemma 4: weightless RMSNorm on V
+    global_head_dim: int | None = None  # Gemma 4: head dim of full-attention layers
+    num_global_kv_heads: int | None = None  # Gemma 4: KV heads of full-attention layers (attention_k_eq_v)
+    attention_k_eq_v: bool = False  # Gemma 4: full-attention layers have no v_proj (V = K projection)
+    layer_scalar: bool = False  # Gemma 4: each layer's output x a stored scalar `layer_scalar`
     # Numerics: activations and params. float32 for parity tests and CPU; bfloat16 on accelerators.
     dtype: str = "float32"
     param_dtype: str = "float32"
@@ -61,18 +89,48 @@ class TargetConfig:
             raise ConfigError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
             )
-        if self.rope_type not in ("default", "llama3", "linear"):
+        if self.rope_type not in ("default", "llama3", "linear", "proportional"):
             raise ConfigError(f"unsupported rope_type {self.rope_type!r}")
         if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
             raise ConfigError(f"unsupported hidden_act {self.hidden_act!r}")
+        if self.norm_kind not in ("llama", "gemma", "gemma4"):
+            raise ConfigError(f"unsupported norm_kind {self.norm_kind!r}")
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers:
+                raise ConfigError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+            bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if bad:
+                raise ConfigError(f"unsupported layer type {bad[0]!r}; supported: {', '.join(LAYER_TYPES)}")
+            if "sliding_attention" in self.layer_types and not (self.sliding_window and self.sliding_window > 0):
+                raise ConfigError("sliding_attention layers need a positive sliding_window")
+        for name in ("global_head_dim", "num_global_kv_heads"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.num_heads % max(self.layer_kv_heads(i) for i in range(self.num_layers)):
+            raise ConfigError(f"num_heads={self.num_heads} is not a multiple of num_global_kv_heads="
+                              f"{self.num_global_kv_heads}")
+
+    # ---- per-layer attention geometry (Gemma: sliding vs global layers) -------------------------
+    def is_sliding(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.global_head_dim if self.global_head_dim and not self.is_sliding(layer) else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        if self.attention_k_eq_v and self.num_global_kv_heads and not self.is_sliding(layer):
+            return self.num_global_kv_heads
+        return self.num_kv_heads
+
+    def layer_k_eq_v(self, layer: int) -> bool:
+        return self.attention_k_eq_v and not self.is_sliding(layer)
 
     @property
-    def num_params(self) -> int:
-        d, h, kv, hd, f = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate_size
-        attn = d * h * hd + 2 * d * kv * hd + h * hd * d + (2 * hd if self.qk_norm else 0)
-        layer = attn + 3 * d * f + 2 * d
-        emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + emb + d
+    def uniform_layers(self) -> bool:
+        """Every layer has the same attention (type, RoPE, shapes): a layer needs no index."""
+        return len({(self.is_sliding(i), self.layer_head_dim(i), self.layer_kv_heads(i))
+                    for i in range(self.num_layers)}) <= 1
 
     def replace(self, **kw) -> "TargetConfig":
         return dataclasses.replace(self, **kw)
@@ -88,8 +146,11 @@ class TargetConfig:
             if family:
                 break
         if family is None:
-            mt = hf.get("model_type")
-            family = {"llama": "llama", "qwen3": "qwen3"}.get(mt)
+            family = _MODEL_TYPES.get(hf.get("model_type"))
+        if family in ("gemma3", "gemma4") and isinstance(hf.get("text_config"), Mapping):
+            # multimodal checkpoint: the text model's config (ids may live at the top level)
+            hf = {**{k: hf[k] for k in ("bos_token_id", "eos_token_id", "tie_word_embeddings") if k in hf},
+                  **hf["text_config"]}
         if family is None:
             what = ", ".join(archs) or hf.get("model_type") or "unknown"
             raise ConfigError(
@@ -133,12 +194,14 @@ class TargetConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=eos,
         )
+        if family in ("gemma3", "gemma4"):
+            kw.update(_gemma_fields(family, hf, head_dim))
         kw.update(overrides)
         return cls(**kw)
 
     def to_hf(self) -> dict[str, Any]:
         """An HF `config.json` dict that transformers loads into the same architecture."""
-        arch = {v: k for k, v in HF_ARCHITECTURES.items()}[self.family]
+        arch = f"{self.family.capitalize()}ForCausalLM"
         rope: dict[str, Any] = {"rope_theta": self.rope_theta, "rope_type": self.rope_type}
         if self.rope_type == "llama3":
             rope.update(
@@ -149,9 +212,11 @@ class TargetConfig:
             )
         elif self.rope_type == "linear":
             rope.update(factor=self.rope_factor)
+        elif self.rope_type == "proportional":
+            rope.update(factor=self.rope_factor, partial_rotary_factor=self.rope_partial_factor)
         out = {
             "architectures": [arch],
-            "model_type": self.family,
+            "model_type": self.family + ("_text" if self.family.startswith("gemma") else ""),
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -171,7 +236,80 @@ class TargetConfig:
         }
         if self.family == "llama":
             out["mlp_bias"] = self.mlp_bias
+        if self.family.startswith("gemma"):
+            out["rope_parameters"] = {"full_attention": rope, "sliding_attention": {
+                "rope_type": "default", "rope_theta": self.rope_local_theta}}
+            out.update(hidden_activation=self.hidden_act, sliding_window=self.sliding_window,
+                       layer_types=list(self.layer_types) or ["full_attention"] * self.num_layers,
+                       final_logit_softcapping=self.final_logit_softcapping)
+        if self.family == "gemma3":
+            out["query_pre_attn_scalar"] = (self.attention_scale or self.head_dim ** -0.5) ** -2
+        if self.family == "gemma4":
+            out.update(global_head_dim=self.global_head_dim, num_global_key_value_heads=self.num_global_kv_heads,
+                       attention_k_eq_v=self.attention_k_eq_v, hidden_size_per_layer_input=0)
         return out
+
+
+def _gemma_fields(family: str, hf: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
+    """The Gemma 3 / Gemma 4 switches of an HF text config; a feature we do not implement is a
+    ConfigError naming its field."""
+    n = hf["num_hidden_layers"]
+    types = hf.get("layer_types")
+    if types is None:  # HF's default pattern: every 6th layer global (`sliding_window_pattern`)
+        pattern = hf.get("sliding_window_pattern", 6)
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    rope = dict(hf.get("rope_parameters") or {})
+    full = dict(rope.get("full_attention") or {})
+    local = dict(rope.get("sliding_attention") or {})
+    if family == "gemma3":
+        full.setdefault("rope_theta", hf.get("rope_theta", 1_000_000.0))
+        local.setdefault("rope_theta", hf.get("rope_local_base_freq", 10_000.0))
+        if hf.get("rope_scaling"):
+            full.update(hf["rope_scaling"])
+    else:
+        full = full or {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}
+        local = local or {"rope_type": "default", "rope_theta": 10_000.0}
+    if (local.get("rope_type") or "default") != "default":
+        raise ConfigError(f"unsupported sliding-layer rope_type {local.get('rope_type')!r} (rope_parameters)")
+    out: dict[str, Any] = dict(
+        layer_types=tuple(types),
+        sliding_window=hf.get("sliding_window"),
+        rope_theta=float(full.get("rope_theta", 1_000_000.0)),
+        rope_type=full.get("rope_type", "default") or "default",
+        rope_factor=float(full.get("factor", 1.0)),
+        rope_partial_factor=float(full.get("partial_rotary_factor", 1.0)),
+        rope_local_theta=float(local.get("rope_theta", 10_000.0)),
+        final_logit_softcapping=hf.get("final_logit_softcapping"),
+        sandwich_norms=True, embed_scale=True, qk_norm=True,
+        hidden_act=hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh",
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+    )
+    if family == "gemma3":
+        if hf.get("attn_logit_softcapping") is not None:
+            raise ConfigError("unsupported Gemma field attn_logit_softcapping (attention logit soft-capping)")
+        if hf.get("use_bidirectional_attention"):
+            raise ConfigError("unsupported Gemma field use_bidirectional_attention (a causal LM is needed)")
+        out.update(norm_kind="gemma", attention_scale=float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5)
+    else:
+        for name, ok in _GEMMA4_UNSUPPORTED:
+            if hf.get(name, ok) not in (ok, None) and not (ok == 0 and hf.get(name) in (0, False)):
+                raise ConfigError(f"unsupported Gemma 4 field {name}={hf.get(name)!r} (the 12B text model "
+                                  f"has {ok!r})")
+        k_eq_v = bool(hf.get("attention_k_eq_v", False))
+        g_hd, g_kv = hf.get("global_head_dim"), hf.get("num_global_key_value_heads")
+        per_layer = hf.get("per_layer_config") or {}
+        if per_layer:  # transformers >= 5.2x saves the global layers' overrides per layer
+            full_ids = [i for i, t in enumerate(types) if t == "full_attention"]
+            vals = {(v.get("head_dim"), v.get("num_key_value_heads")) for v in per_layer.values()
+                    if isinstance(v, Mapping) and set(v) <= {"head_dim", "num_key_value_heads"}}
+            if len(vals) != 1 or sorted(int(k) for k in per_layer) != full_ids:
+                raise ConfigError("unsupported Gemma 4 field per_layer_config (overrides other than one "
+                                  "head_dim/num_key_value_heads for every full-attention layer)")
+            g_hd, g_kv = vals.pop()
+        out.update(norm_kind="gemma4", attention_scale=1.0, v_norm=True, layer_scalar=True,
+                   global_head_dim=g_hd or head_dim, num_global_kv_heads=g_kv if k_eq_v else None,
+                   attention_k_eq_v=k_eq_v)
+    return out
 
 
 # ---- Presets (shapes of the public checkpoints; weights come from the user's HF folders) ------------

@@ -43,32 +43,22 @@ class KVCache:
     lengths: Array  # [B] int32
 
     @classmethod
-    def zeros(cls, *, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
-              dtype=jnp.float32) -> "KVCache":
-        shape = (batch, num_kv_heads, max_len, head_dim)
+    def zeros(cls, *, num_layers: int, batch: int, max_len: int, num_kv_heads: int | tuple[int, ...],
+              head_dim: int | tuple[int, ...], dtype=jnp.float32) -> "KVCache":
+        """Zeroed buffers; `num_kv_heads` / `head_dim` are one value or one per layer."""
+        per = lambda x: tuple(x) if isinstance(x, (tuple, list)) else (x,) * num_layers  # noqa: E731
+        shapes = [(batch, h, max_len, d) for h, d in zip(per(num_kv_heads), per(head_dim))]
         # jnp.zeros, never jnp.empty: from jax 0.11 `empty` is uninitialised memory.
         return cls(
-            k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-            v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+            k=tuple(jnp.zeros(s, dtype) for s in shapes),
+            v=tuple(jnp.zeros(s, dtype) for s in shapes),
             lengths=jnp.zeros((batch,), jnp.int32),
         )
-
-    @property
-    def batch(self) -> int:
-        return self.lengths.shape[0]
 
     @property
     def max_len(self) -> int:
         return self.k[0].shape[2]
 
-    @property
-    def num_layers(self) -> int:
-        return len(self.k)
-
     def with_lengths(self, lengths: Array) -> "KVCache":
         """Rollback (or commit) by moving the per-row valid length."""
         return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
-
-    def valid_mask(self) -> Array:
-        """[B, S]: slots that hold committed entries."""
-        return jnp.arange(self.max_len)[None, :] < self.lengths[:, None]

@@ -53,28 +53,53 @@ def dense(features: int, name: str, logical: tuple[str, str], *, use_bias: bool,
     )
 
 
+NORM_KINDS = ("llama", "gemma", "gemma4")
+
+
+def _normalize(x: Array, eps: float) -> Array:
+    """x * rsqrt(mean(x^2) + eps) in float32."""
+    x32 = x.astype(jnp.float32)
+    return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
 class RMSNorm(nn.Module):
+    """RMSNorm over the last axis, normalised in float32. `kind` fixes where the weight applies:
+    "llama" `w * y` in the activation dtype; "gemma" (Gemma 2/3) `y * (1 + w)` in float32, the
+    weight stored as an offset from 1 (initialised 0); "gemma4" `y * w` in float32. (Gemma 4's weightless v_norm is
+    `_normalize`, in `Attention`.)"""
+
     eps: float = 1e-6
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     logical: str = "norm"
+    kind: str = "llama"
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
+        y = _normalize(x, self.eps)
+        init = nn.initializers.zeros if self.kind == "gemma" else nn.initializers.ones
         w = self.param(
-            "weight", nn.with_logical_partitioning(nn.initializers.ones, (self.logical,)), (x.shape[-1],),
-            self.param_dtype,
+            "weight", nn.with_logical_partitioning(init, (self.logical,)), (x.shape[-1],), self.param_dtype,
         )
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if self.kind == "gemma":
+            return (y * (1.0 + w.astype(jnp.float32))).astype(self.dtype)
+        if self.kind == "gemma4":
+            return (y * w.astype(jnp.float32)).astype(self.dtype)
         return (w.astype(self.dtype) * y.astype(self.dtype)).astype(self.dtype)
 
 
 # ---- RoPE --------------------------------------------------------------------------------------
 def rope_inv_freq(head_dim: int, theta: float, rope_type: str = "default", factor: float = 1.0,
                   low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
-                  original_max_position: int = 8192) -> np.ndarray:
-    """Inverse frequencies [head_dim/2] (static, computed in float64 then cast like HF)."""
+                  original_max_position: int = 8192, partial_factor: float = 1.0) -> np.ndarray:
+    """Inverse frequencies [head_dim/2] (static; float32 exponents, like HF's `torch.arange(...).float()`).
+    "proportional" (Gemma 4 global layers): the first int(partial_factor * head_dim / 2) frequencies
+    with the exponent over the full head_dim, the rest 0 (those dims are not rotated), all / factor."""
+    if rope_type == "proportional":
+        n_rot = int(partial_factor * head_dim // 2)
+        rot = 1.0 / (theta ** (np.arange(0, 2 * n_rot, 2, dtype=np.int64).astype(np.float32) / head_dim))
+        inv = np.concatenate([rot, np.zeros(head_dim // 2 - n_rot, np.float32)]) / factor
+        return inv.astype(np.float32)
     inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
     if rope_type == "linear":
         inv = inv / factor
@@ -107,7 +132,8 @@ LIVE_CHUNK = 256  # cache slots per chunk of a live-length (`LiveMask`) segment
 
 @flax.struct.dataclass
 class LiveMask:
-    """Mask of a cache segment: query t of row b sees slots s < limit[b, t] (slot = position).
+    """Mask of a cache segment: query t of row b sees slots s < limit[b, t] (slot = position) and,
+    with `lower` (sliding-window layers), s >= lower[b, t].
 
     Attention over such a segment reads the buffer in fixed chunks of `chunk` slots up to the
     longest live row only (a `fori_loop` with a traced trip count), so a step costs what the used
@@ -116,6 +142,7 @@ class LiveMask:
 
     limit: Array  # [B, T] int
     chunk: int = flax.struct.field(pytree_node=False, default=LIVE_CHUNK)
+    lower: Array | None = None  # [B, T] int; chunks wholly below min(lower) are never read
 
 
 def attention_core(q: Array, segments, scale: float) -> Array:
@@ -171,14 +198,16 @@ def _dense_part(qg: Array, k: Array, v: Array, m5: Array, scale: float):
 
 
 def _live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
-    """A cache segment over chunks [i*C, (i+1)*C) for i < ceil(max(limit) / C), merged online like
-    the segments are. The last chunk of a buffer that C does not divide is read at S - C (in
-    bounds) with the slots already seen masked out."""
+    """A cache segment over chunks [i*C, (i+1)*C) for min(lower) // C <= i < ceil(max(limit) / C),
+    merged online like the segments are. The last chunk of a buffer that C does not divide is read
+    at S - C (in bounds) with the slots already seen masked out."""
     b, hkv, g, t, d = qg.shape
     s_len = k.shape[2]
     c = min(mask.chunk, s_len)
     n = jnp.minimum((jnp.max(mask.limit) + c - 1) // c, -(-s_len // c))
     limit = mask.limit[:, None, None, :, None]  # [B, 1, 1, T, 1]
+    lower = None if mask.lower is None else mask.lower[:, None, None, :, None]
+    first = 0 if mask.lower is None else jnp.clip(jnp.min(mask.lower), 0, s_len - 1) // c
 
     def body(i, carry):
         m_acc, l_acc, o_acc = carry
@@ -188,6 +217,8 @@ def _live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
         kc = jax.lax.dynamic_slice_in_dim(k, start, c, axis=2)
         vc = jax.lax.dynamic_slice_in_dim(v, start, c, axis=2)
         m5 = (slots >= lo) & (slots < limit)
+        if lower is not None:
+            m5 = m5 & (slots >= lower)
         m_c, l_c, o_c = _dense_part(qg, kc, vc, m5, scale)
         m_new = jnp.maximum(m_acc, m_c)
         a, w = jnp.exp(m_acc - m_new), jnp.exp(m_c - m_new)
@@ -195,7 +226,7 @@ def _live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
 
     init = (jnp.full((b, hkv, g, t, 1), NEG_INF, jnp.float32), jnp.zeros((b, hkv, g, t, 1), jnp.float32),
             jnp.zeros((b, hkv, g, t, d), jnp.float32))
-    return jax.lax.fori_loop(0, n, body, init)
+    return jax.lax.fori_loop(first, n, body, init)
 
 
 @flax.struct.dataclass
@@ -242,10 +273,12 @@ def _blockwise_part(qg: Array, k: Array, v: Array, spec: Blockwise, scale: float
 
 
 class Attention(nn.Module):
-    """Projections + q/k norm + RoPE; keys/values may come from elsewhere (caches, carried rows).
+    """Projections + q/k(/v) norms + RoPE; keys/values may come from elsewhere (caches, carried rows).
 
     Split into `queries`, `keys_values` and `attend` so the drafter can project K/V of context,
     carried and block rows with the same weights and attend over their concatenation.
+    Gemma switches: `scale` (None: head_dim ** -0.5), `norm_kind` of the q/k norms, `v_norm` (a
+    weightless RMSNorm on V), `k_eq_v` (no v_proj: V is the K projection before its norm and RoPE).
     """
 
     embed_dim: int
@@ -258,16 +291,22 @@ class Attention(nn.Module):
     eps: float = 1e-6
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    scale: float | None = None
+    norm_kind: str = "llama"
+    v_norm: bool = False
+    k_eq_v: bool = False
 
     def setup(self):
         kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
         hd = self.head_dim
         self.q_proj = dense(self.num_heads * hd, "q_proj", ("embed", "heads"), **kw)
         self.k_proj = dense(self.num_kv_heads * hd, "k_proj", ("embed", "kv_heads"), **kw)
-        self.v_proj = dense(self.num_kv_heads * hd, "v_proj", ("embed", "kv_heads"), **kw)
+        if not self.k_eq_v:
+            self.v_proj = dense(self.num_kv_heads * hd, "v_proj", ("embed", "kv_heads"), **kw)
         self.o_proj = dense(self.embed_dim, "o_proj", ("heads", "embed"), **kw)
+        nkw = dict(eps=self.eps, dtype=self.dtype, param_dtype=self.param_dtype, logical="head_dim",
+                   kind=self.norm_kind)
         if self.qk_norm:
-            nkw = dict(eps=self.eps, dtype=self.dtype, param_dtype=self.param_dtype, logical="head_dim")
             self.q_norm = RMSNorm(**nkw, name="q_norm")
             self.k_norm = RMSNorm(**nkw, name="k_norm")
 
@@ -282,16 +321,19 @@ class Attention(nn.Module):
         """Head-major k, v [B, Hkv, T, D] (the KV cache layout)."""
         b, t, _ = x.shape
         k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = k if self.k_eq_v else self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             k = self.k_norm(k)
+        if self.v_norm:  # weightless: no submodule, no param
+            v = _normalize(v, self.eps).astype(self.dtype)
         k = apply_rope(k, positions, np.asarray(self.inv_freq, np.float32))
         return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
 
     def attend(self, q: Array, segments) -> Array:
         """segments: (k, v, mask) triples, see `attention_core`."""
         b, t = q.shape[:2]
-        out = attention_core(q, segments, 1.0 / math.sqrt(self.head_dim))
+        scale = 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
+        out = attention_core(q, segments, scale)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
 
 

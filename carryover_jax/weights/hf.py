@@ -22,7 +22,8 @@ from carryover_jax.errors import CheckpointError, first_line
 from carryover_jax.io import atomic_dir, read_json
 
 Params = Any
-_LEAF_TO_HF = {"kernel": "weight", "embedding": "weight", "weight": "weight", "bias": "bias"}
+_LEAF_TO_HF = {"kernel": "weight", "embedding": "weight", "weight": "weight", "bias": "bias",
+               "layer_scalar": "layer_scalar"}
 
 
 def flatten(tree: Mapping) -> list[tuple[tuple[str, ...], Any]]:

@@ -1,0 +1,181 @@
+"""Gemma 3 and Gemma 4 text targets against transformers (tiny random models, several layers with
+sliding and global attention, a window shorter than the sequences)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from carryover_jax import ConfigError, generate, load_target
+from carryover_jax.models.target import new_cache
+from tests.hf_models import hf_forward, hf_greedy
+
+ATOL = 1e-4
+WINDOW = 5
+TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+
+
+def _common(**kw):
+    out = dict(vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_layers=5, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-6,
+               bos_token_id=1, eos_token_id=2, pad_token_id=0, sliding_window=WINDOW, layer_types=TYPES,
+               tie_word_embeddings=True, attn_implementation="eager")
+    out.update(kw)
+    return out
+
+
+def gemma3_config(**kw):
+    return transformers.Gemma3TextConfig(**_common(
+        query_pre_attn_scalar=24, final_logit_softcapping=5.0,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}, **kw))
+
+
+def gemma4_config(**kw):
+    kw = {**dict(global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+                 hidden_size_per_layer_input=0, final_logit_softcapping=5.0,
+                 rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                     "rope_theta": 1e6},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}), **kw}
+    return transformers.Gemma4TextConfig(**_common(**kw))
+
+
+def _save(model, path, seed):
+    torch.manual_seed(seed)
+    model = model.float().eval()
+    with torch.no_grad():  # norms start at 0 (Gemma 3) or 1 (Gemma 4), layer scalars at 1: perturb them
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(1.0 + 0.2 * torch.randn_like(b))
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_gemma3")
+    return path, _save(transformers.Gemma3ForCausalLM(gemma3_config()), path, 0)
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory):
+    torch.manual_seed(1)
+    path = tmp_path_factory.mktemp("tiny_gemma4")
+    return path, _save(transformers.Gemma4ForCausalLM(gemma4_config()), path, 1)
+
+
+@pytest.fixture(scope="module", params=["gemma3", "gemma4"])
+def gemma(request):
+    return request.getfixturevalue(request.param)
+
+
+def _ids(rng, b, t):
+    return rng.integers(3, 97, size=(b, t)).astype(np.int32)
+
+
+def _full(target, ids):
+    return np.asarray(target.model.apply({"params": target.params}, jnp.asarray(ids))[0])
+
+
+def test_config_switches(gemma3, gemma4):
+    c3 = load_target(gemma3[0], tokenizer=False).cfg
+    assert (c3.family, c3.norm_kind, c3.sliding_window, c3.final_logit_softcapping) == ("gemma3", "gemma", WINDOW, 5.0)
+    assert c3.attention_scale == pytest.approx(24 ** -0.5) and c3.rope_local_theta == 100.0
+    c4 = load_target(gemma4[0], tokenizer=False).cfg
+    assert (c4.family, c4.global_head_dim, c4.num_global_kv_heads, c4.attention_k_eq_v) == ("gemma4", 32, 1, True)
+    assert [c4.layer_head_dim(i) for i in range(5)] == [16, 16, 32, 16, 32]
+    assert [c4.layer_kv_heads(i) for i in range(5)] == [2, 2, 1, 2, 1]
+
+
+def test_logits_and_taps_match_transformers(gemma):
+    path, hf = gemma
+    target = load_target(path, tokenizer=False)
+    ids = _ids(np.random.default_rng(0), 2, 13)  # longer than the window
+    ref_logits, ref_hidden = hf_forward(hf, ids)
+    tap_ids = (-1, 0, 1, 2, 3)
+    logits, _, taps = target.model.apply({"params": target.params}, jnp.asarray(ids), tap_layers=tap_ids)
+    np.testing.assert_allclose(np.asarray(logits), ref_logits, atol=ATOL, rtol=1e-4)
+    for lid, tap in zip(tap_ids, taps):
+        np.testing.assert_allclose(np.asarray(tap), ref_hidden[lid + 1], atol=ATOL, rtol=1e-4)
+
+
+def test_greedy_generation_matches_transformers(gemma):
+    path, hf = gemma
+    target = load_target(path, tokenizer=False)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, 97, size=n).tolist() for n in (3, 11, 7)]
+    out = generate(target, prompts, max_new_tokens=16, stop_token_ids=[])  # one padded batch
+    for p, r in zip(prompts, out):
+        assert r.token_ids == hf_greedy(hf, p, 16, eos=None)
+
+
+def test_prefill_then_chunks_equals_full_forward(gemma):
+    target = load_target(gemma[0], tokenizer=False)
+    m, p = target.model, {"params": target.params}
+    ids = _ids(np.random.default_rng(2), 2, 17)
+    full = _full(target, ids)
+    cache = new_cache(target.cfg, 2, 32)
+    pieces = []
+    for lo, hi in [(0, 6), (6, 7), (7, 12), (12, 13), (13, 17)]:  # prefill, AR step, verify-sized chunks
+        logits, cache, _ = m.apply(p, jnp.asarray(ids[:, lo:hi]), cache=cache)
+        pieces.append(np.asarray(logits))
+    np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=ATOL, rtol=1e-4)
+
+
+def test_rollback_across_the_window_equals_fresh_run(gemma):
+    """A rejected block longer than the window is written, rolled back (one row keeps part of it,
+    one none), and the continuation equals a fresh forward: the rejected K/V that the window
+    would have pushed out of a ring buffer must not be seen, the committed ones must."""
+    target = load_target(gemma[0], tokenizer=False)
+    m, p = target.model, {"params": target.params}
+    rng = np.random.default_rng(3)
+    ids, rejected, cont = _ids(rng, 2, 6), _ids(rng, 2, WINDOW + 3), _ids(rng, 2, 4)
+    cache = new_cache(target.cfg, 2, 32)
+    _, cache, _ = m.apply(p, jnp.asarray(ids), cache=cache)
+    _, cache, _ = m.apply(p, jnp.asarray(rejected), cache=cache)
+    keep = np.array([2, 0])
+    cache = cache.with_lengths(jnp.asarray(6 + keep))
+    logits, cache, _ = m.apply(p, jnp.asarray(cont), cache=cache)
+    for row in range(2):
+        seq = np.concatenate([ids[row], rejected[row, : keep[row]], cont[row]])[None]
+        np.testing.assert_allclose(np.asarray(logits)[row], _full(target, seq)[0, -4:], atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [4, 8, 64])
+def test_live_mask_window_equals_dense(chunk):
+    """A `LiveMask` with a lower bound (sliding layers: chunks below the window are skipped) equals
+    the dense windowed mask."""
+    from carryover_jax.models.layers import LiveMask, attention_core
+
+    rng = np.random.default_rng(6)
+    b, t, h, hkv, d, s = 3, 4, 4, 2, 8, 37
+    q = jnp.asarray(rng.standard_normal((b, t, h, d)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((b, hkv, s, d)), jnp.float32) for _ in range(2))
+    limit = jnp.asarray([[1, 2, 3, 4], [20, 21, 22, 23], [34, 35, 36, 37]], jnp.int32)
+    lower = jnp.maximum(limit - 9, 0)
+    slots = jnp.arange(s)[None, None, :]
+    dense = (slots < limit[:, :, None]) & (slots >= lower[:, :, None])
+    want = attention_core(q, [(k, v, dense)], 0.3)
+    got = attention_core(q, [(k, v, LiveMask(limit, chunk, lower=lower))], 0.3)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("field,value", [("hidden_size_per_layer_input", 8), ("num_kv_shared_layers", 2),
+                                         ("enable_moe_block", True), ("use_double_wide_mlp", True)])
+def test_unsupported_gemma4_fields_are_refused_by_name(gemma4, tmp_path, field, value):
+    import json
+    import shutil
+
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(gemma4[0] / f, tmp_path / f)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=f"unsupported Gemma 4 field {field}") as e:
+        load_target(tmp_path, tokenizer=False)
+    assert "\n" not in str(e.value)
