@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from carryover_jax.config import DrafterConfig, DrafterSpec, MeshConfig, TargetConfig, TrainConfig
@@ -12,8 +13,8 @@ from carryover_jax.models.target import init_params
 from carryover_jax.train import anchors as A
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
 from carryover_jax.train.step import (
-    compile_step, drafter_shardings, init_state, make_optimizer, state_shardings, step_config, target_shardings,
-    train_step,
+    compile_step, drafter_shardings, init_state, lr_schedule, make_optimizer, state_shardings, step_config,
+    target_shardings, train_step,
 )
 
 TCFG = TargetConfig(family="qwen3", vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
@@ -175,3 +176,61 @@ def test_vocab_chunked_loss_equals_the_full_one():
         np.testing.assert_allclose(float(m1[k]), float(m0[k]), rtol=1e-5, err_msg=k)
     # Adam turns near-zero gradients into ~lr-sized steps, so compare at 1e-5
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), s0.params, s1.params)
+
+
+def _schedule_before_optax(cfg, total_steps, t):
+    """The hand-written schedule lr_schedule replaced (DeepSpec): linear warmup from lr/W at step 0 to lr,
+    then cosine to exactly 0 at total_steps."""
+    warm = max(1, int(cfg.warmup_ratio * total_steps))
+    if t < warm:
+        return cfg.lr * (t + 1) / warm
+    frac = min(max((t - warm) / max(total_steps - warm, 1), 0.0), 1.0)
+    return cfg.lr * 0.5 * (1 + np.cos(np.pi * frac))
+
+
+@pytest.mark.parametrize("lr,warmup_ratio,total", [(6e-4, 0.04, 1000), (1e-2, 0.05, 150), (3e-4, 0.0, 10),
+                                                   (1e-3, 0.5, 7), (1e-3, 0.04, 1)])
+def test_lr_schedule_equals_the_deepspec_formula(lr, warmup_ratio, total):
+    cfg = TrainConfig(lr=lr, warmup_ratio=warmup_ratio, steps=total)
+    sched = lr_schedule(cfg, total)
+    ts = np.arange(total + 3)  # and past the end
+    got = np.asarray(jax.vmap(sched)(jnp.asarray(ts)))
+    want = np.array([_schedule_before_optax(cfg, total, int(t)) for t in ts])
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7 * lr)
+
+
+@pytest.mark.parametrize("name", ["adamw", "lion", "sgd_momentum"])
+def test_optimizer_state_is_sharded_like_the_params_for_any_optax_optimizer(name):
+    """Every params-shaped moment follows its param's sharding (not only Adam's mu/nu); counts are
+    replicated. A step compiled with those shardings updates the drafter as the unsharded step does."""
+    dc = _drafter_cfg("markov", "zlab")
+    cfg = TrainConfig(num_anchors=6, steps=4)
+    sc = step_config(cfg, TCFG, dc)
+    opt = {"adamw": make_optimizer(cfg, cfg.steps),
+           "lion": optax.chain(optax.clip_by_global_norm(1.0), optax.lion(1e-3)),
+           "sgd_momentum": optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(1e-2, momentum=0.9))}[name]
+    params = init_drafter_params(sc.drafter, jax.random.key(1))
+    tp = init_params(TCFG, jax.random.key(0))
+    batch = _counting_batch(np.random.default_rng(4), 8, 16)
+    ref, _ = jax.jit(train_step, static_argnums=(0, 1))(sc, opt, init_state(params, opt, 7), tp, batch)
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2, shard_drafter=True))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+        psh = drafter_shardings(sc.drafter, mesh, shard=True)
+        st = init_state(params, opt, 7)
+        ssh = state_shardings(st, psh, mesh)
+        # the moments, located by optax's own state types (independent of how state_shardings finds them)
+        inner = ssh.opt_state[1]
+        moments = {"adamw": lambda s: [s[0].mu, s[0].nu], "lion": lambda s: [s[0].mu],
+                   "sgd_momentum": lambda s: [s[0].trace]}[name](inner)
+        for m in moments:
+            assert jax.tree_util.tree_structure(m) == jax.tree_util.tree_structure(psh)
+            assert all(a == b for a, b in zip(jax.tree_util.tree_leaves(m), jax.tree_util.tree_leaves(psh)))
+        moment_ids = {id(x) for m in moments for x in jax.tree_util.tree_leaves(m)}
+        others = [x for x in jax.tree_util.tree_leaves(ssh.opt_state) if id(x) not in moment_ids]
+        assert all(x.spec == jax.sharding.PartitionSpec() for x in others)  # counts (SGD's trace has none)
+        assert any(any(a is not None for a in x.spec) for x in jax.tree_util.tree_leaves(psh))
+        fn = compile_step(sc, opt, mesh, ssh, target_shardings(sc.target, mesh), {"input_ids": 2, "loss_mask": 2})
+        st, _ = fn(jax.device_put(st, ssh), jax.device_put(tp, target_shardings(sc.target, mesh)),
+                   put_batch(batch, mesh))
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4),
+                           ref.params, st.params)

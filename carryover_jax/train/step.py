@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
 from carryover_jax.errors import ConfigError
@@ -64,17 +64,15 @@ def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: Drafter
     )
 
 
-def lr_schedule(cfg: TrainConfig, total_steps: int):
-    """DeepSpec: linear warmup starting at lr/W on step 0, then cosine to exactly 0 at the end."""
+def lr_schedule(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
+    """DeepSpec: linear warmup over W steps starting at lr/W on step 0 (step W-1 reaches lr), then
+    cosine to exactly 0 at `total_steps`."""
     warm = max(1, int(cfg.warmup_ratio * total_steps))
-
-    def sched(t):
-        t = jnp.asarray(t, jnp.float32)
-        warmup = cfg.lr * (t + 1) / warm
-        frac = jnp.clip((t - warm) / max(total_steps - warm, 1), 0.0, 1.0)
-        return jnp.where(t < warm, warmup, cfg.lr * 0.5 * (1 + jnp.cos(math.pi * frac)))
-
-    return sched
+    return optax.join_schedules(
+        [optax.linear_schedule(cfg.lr / warm, cfg.lr, warm - 1),
+         optax.cosine_decay_schedule(cfg.lr, max(total_steps - warm, 1))],
+        boundaries=[warm],
+    )
 
 
 def make_optimizer(cfg: TrainConfig, total_steps: int) -> optax.GradientTransformation:
@@ -116,17 +114,20 @@ def drafter_shardings(drafter_cfg: DrafterConfig, mesh, shard: bool):
 
 
 def state_shardings(state: TrainState, param_sh, mesh) -> TrainState:
-    """Adam moments follow their params; counts, the step and the RNG are replicated."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
+    """Every params-shaped tree in the optimizer state (Adam's mu/nu, Lion's or SGD's momentum, whatever
+    optimizer the state came from) is sharded like the params, leaf by leaf where the shapes agree;
+    everything else (counts, the step, the RNG) is replicated."""
     rep = NamedSharding(mesh, P())
+    params_def = jax.tree_util.tree_structure(state.params)
+    like_params = lambda node: jax.tree_util.tree_structure(node) == params_def  # noqa: E731
 
     def opt_sh(node):
-        if isinstance(node, optax.ScaleByAdamState):
-            return node._replace(count=rep, mu=param_sh, nu=param_sh)
-        return jax.tree_util.tree_map(lambda _: rep, node)
+        if not like_params(node):
+            return rep
+        return jax.tree_util.tree_map(lambda x, p, sh: sh if jnp.shape(x) == jnp.shape(p) else rep,
+                                      node, state.params, param_sh)
 
-    opt = jax.tree_util.tree_map(opt_sh, state.opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+    opt = jax.tree_util.tree_map(opt_sh, state.opt_state, is_leaf=like_params)
     return TrainState(step=rep, params=param_sh, opt_state=opt, rng=rep)
 
 
