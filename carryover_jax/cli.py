@@ -103,7 +103,7 @@ def _cmd_export(args) -> int:
 
 def _train_config(args):
     from carryover_jax.config import apply_overrides
-    from configs import load_config
+    from carryover_jax.configs import load_config
 
     return apply_overrides(load_config(args.config), args.set or [])
 
@@ -205,7 +205,7 @@ def _cmd_bench(args) -> int:
     if args.what == "train":
         from carryover_jax.bench import train as bench_train
         from carryover_jax.config import DrafterConfig, apply_overrides, preset
-        from configs import load_config
+        from carryover_jax.configs import load_config
 
         cfg = apply_overrides(load_config(args.config), args.set or [])
         dvd = args.mode == "dvd"

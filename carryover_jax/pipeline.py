@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from carryover_jax.config import TrainConfig, apply_overrides
+from carryover_jax.configs import load_config
 from carryover_jax.errors import ConfigError
 from carryover_jax.io import atomic_write_json
 
@@ -49,8 +50,6 @@ def stage_configs(config: str, out: Path, *, preset: str, overrides: list[str] =
     """The baseline, control and DVD TrainConfigs of a pipeline rooted at `out`. Continuation settings
     (steps, lr, ...) come from the config's `STAGES["dvd"]` where it defines one, else 30% of the
     baseline steps; control and DVD differ only in `mode`."""
-    from configs import load_config
-
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
     p = PRESETS[preset]

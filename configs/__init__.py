@@ -9,6 +9,8 @@
 Stages: `smollm2:dvd` / `smollm2:control` (and the same for `qwen3_4b`, `tiny`) continue the baseline
 drafter of CONFIG with DVD training and with its equal-compute control (same steps, data order and
 anchors, no carried rows), each into its own out_dir.
+
+This folder is installed as `carryover_jax.configs` (pyproject.toml maps it into the package).
 """
 
 from __future__ import annotations

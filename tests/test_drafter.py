@@ -13,7 +13,7 @@ from carryover_jax.decode.drafting import (
 )
 from carryover_jax.models.drafter import Drafter
 from carryover_jax.weights.drafter_formats import export_drafter, load_drafter, save_drafter
-from export import torch_reference as ref
+from carryover_jax.export import torch_reference as ref
 from tests.drafter_fixtures import TINY_TARGET, VARIANTS, tiny_drafter, tiny_frozen
 
 B, S = 2, 9
