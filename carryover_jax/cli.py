@@ -9,6 +9,9 @@ from pathlib import Path
 
 from carryover_jax.errors import CarryoverError
 
+# Each command imports its modules inside its function, so that `carryover --help` and a refused
+# argument load none of the training stack (orbax, grain, tensorstore), transformers, torch or matplotlib.
+
 
 def _add_target_args(p: argparse.ArgumentParser):
     p.add_argument("--target", default="smollm2",

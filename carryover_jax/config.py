@@ -6,6 +6,7 @@ implementation (`carryover_jax.models.target`).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 from typing import Any, Mapping
@@ -364,9 +365,10 @@ def next_bucket(n: int, minimum: int = 16) -> int:
 DRAFTER_KINDS = ("dflash", "markov")
 LAYOUTS = ("zlab", "deepspec")
 # Per-target MASK token: a frozen row of the target embedding that never occurs in chat data.
-# Qwen3: 151669, the first unused row (DeepSpec / z-lab). SmolLM2's 49152 rows are all real tokens;
-# 16 is `<empty_output>`, a StarCoder-era Jupyter marker that ChatML conversations never contain.
-MASK_TOKEN_IDS = {"qwen3": 151669, "smollm2": 16}
+# Qwen3: 151669, the first unused row (DeepSpec / z-lab). SmolLM2's 49152 rows are all real tokens, so
+# `loading.default_mask_token_id` takes `<empty_output>` (16) from its tokenizer, a StarCoder-era
+# Jupyter marker that ChatML conversations never contain.
+MASK_TOKEN_IDS = {"qwen3": 151669}
 
 
 def zlab_layer_ids(num_target_layers: int, n: int = 5) -> tuple[int, ...]:
@@ -587,8 +589,6 @@ class TrainConfig:
 def apply_overrides(cfg, overrides: list[str]):
     """`key=value` overrides on nested frozen dataclasses (`data.max_len=512`, `drafter.kind=markov`);
     values parse as Python literals when they can, else stay strings."""
-    import ast
-
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from carryover_jax.errors import CarryoverError
 
 
 TMP_TAG = ".tmp-"
@@ -39,9 +43,6 @@ def _pid_alive(pid: int) -> bool:
 
 def _owner() -> str:
     """PID.HOST of this process: temporary folders on shared storage are only cleaned by their own host."""
-    import hashlib
-    import socket
-
     return f"{os.getpid()}.{hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]}"
 
 
@@ -81,8 +82,6 @@ def atomic_dir(folder: str | os.PathLike, write: Callable[[Path], None], *,
     `replaces`: file names one of which an existing non-empty `folder` must hold to be replaced, or a
     predicate on the folder (so a mistyped `--out ~/` is refused instead of deleted); None replaces anything.
     """
-    from carryover_jax.errors import CarryoverError
-
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise CarryoverError(f"{folder} exists and is not a folder")
@@ -147,8 +146,6 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
 def read_json(path: str | os.PathLike, what: str = "file", *, expect: type = dict, error=None) -> Any:
     """Parse a JSON file; a missing, empty, unreadable or malformed file (or one whose top level is not
     `expect`) raises `error` (a CarryoverError subclass) with one line naming the file."""
-    from carryover_jax.errors import CarryoverError
-
     error = error or CarryoverError
     path = Path(path)
     if not path.is_file():

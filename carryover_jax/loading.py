@@ -1,17 +1,21 @@
-"""`load_target`: alias / HF folder / GGUF file -> a ready-to-run `Target` (config, params, tokenizer)."""
+"""The Python API's loaders: `load_target` (alias / HF folder / GGUF file -> a ready-to-run `Target`:
+config, params, tokenizer) and `load_drafter` / `init_drafter` (-> a `DraftModel` paired with a target)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from carryover_jax.config import TargetConfig
+import jax
+
+from carryover_jax.config import MASK_TOKEN_IDS, DrafterConfig, TargetConfig
 from carryover_jax.errors import CarryoverError, CheckpointError, RequestError, first_line
 from carryover_jax.io import read_json
+from carryover_jax.models.drafter import check_pair, init_drafter_params
 from carryover_jax.models.target import TargetLM, abstract_params
+from carryover_jax.weights import drafter_formats
 from carryover_jax.weights.hf import load_params, read_config
 from carryover_jax.weights.registry import resolve_target
 
@@ -98,7 +102,7 @@ def load_target(
     params = load_params(folder, abstract_params(cfg), shardings=shardings)
     tok = None
     if tokenizer:
-        try:
+        try:  # transformers is slow to import: only when a tokenizer is asked for
             import transformers
             from transformers import AutoTokenizer
 
@@ -139,8 +143,6 @@ class DraftModel:
 
 def default_mask_token_id(target: Target) -> int:
     """The frozen MASK row for a target: Qwen3's unused 151669, else a documented unused special token."""
-    from carryover_jax.config import MASK_TOKEN_IDS
-
     if target.cfg.family == "qwen3":
         return MASK_TOKEN_IDS["qwen3"]
     tok = target.tokenizer
@@ -153,11 +155,6 @@ def default_mask_token_id(target: Target) -> int:
 
 def init_drafter(target: Target, *, seed: int = 0, mask_token_id: int | None = None, **kw) -> DraftModel:
     """A randomly initialised drafter for `target` (kw: kind, layout, num_proposals, num_layers, ...)."""
-    import jax
-
-    from carryover_jax.config import DrafterConfig
-    from carryover_jax.models.drafter import init_drafter_params
-
     if mask_token_id is None:
         mask_token_id = default_mask_token_id(target)
     cfg = DrafterConfig.for_target(target.cfg, mask_token_id=mask_token_id, **kw)
@@ -167,10 +164,7 @@ def init_drafter(target: Target, *, seed: int = 0, mask_token_id: int | None = N
 def load_drafter(path: str | os.PathLike, *, carryover: bool | None = None, layout: str | None = None,
                  dtype: str | None = None, target: Target | None = None) -> DraftModel:
     """A native, z-lab (DFlashDraftModel) or DeepSpec (Qwen3DSparkModel) drafter folder."""
-    from carryover_jax.models.drafter import check_pair
-    from carryover_jax.weights.drafter_formats import load_drafter as _load
-
-    cfg, params = _load(path, carryover=carryover, layout=layout, dtype=dtype)
+    cfg, params = drafter_formats.load_drafter(path, carryover=carryover, layout=layout, dtype=dtype)
     if target is not None:
         check_pair(cfg, target.cfg)
     return DraftModel(cfg, params, Path(path))

@@ -21,7 +21,11 @@ from typing import Any, Callable
 from carryover_jax.config import TrainConfig, apply_overrides
 from carryover_jax.configs import load_config
 from carryover_jax.errors import ConfigError
+from carryover_jax.eval.run import evaluate, load_result
 from carryover_jax.io import atomic_write_json
+from carryover_jax.loading import load_target
+from carryover_jax.train.loop import train
+from carryover_jax.train.responses import prepare_responses
 
 # Presets: training overrides (all stages), continuation overrides (control and dvd), eval settings.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -88,10 +92,6 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
                  stop_after: str | None = None) -> dict[str, Any]:
     """Run (or resume) every stage; returns the report dict. `stop_after` ends the run after that stage
     (tests of resumption)."""
-    from carryover_jax.loading import load_target
-    from carryover_jax.train.loop import train
-    from carryover_jax.train.responses import prepare_responses
-
     log = log or (lambda msg: print(msg, file=sys.stderr))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -151,8 +151,6 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
             return results
 
     def run_eval():
-        from carryover_jax.eval.run import evaluate
-
         arms = [f"baseline={out / 'baseline' / 'drafter'}", f"control={out / 'control' / 'drafter'}",
                 f"carryover={out / 'dvd' / 'drafter'}:carryover", f"dvd-nocarry={out / 'dvd' / 'drafter'}"]
         evaluate(get_target(), arms, out=out / "eval" / "result", progress=progress, log=log, **ev)
@@ -173,8 +171,6 @@ def _last_metrics(run_dir: Path) -> dict:
 def write_report(out: Path, results: dict) -> dict:
     """`<out>/report.md` and `<out>/report.json`: the eval table (control and Carryover read against the
     baseline and against each other) plus what each training stage cost and reached."""
-    from carryover_jax.eval.run import load_result
-
     ev = load_result(out / "eval" / "result")
     eval_md = (out / "eval" / "result" / "report.md").read_text()
     rows = []

@@ -1,4 +1,4 @@
-"""The paper's Qwen3-4B setting (carryover.md §5, DeepSpec configs): 5 draft layers, 15 proposals,
+"""The paper's Qwen3-4B setting (paper Table 4, DeepSpec configs): 5 draft layers, 15 proposals,
 feature layers [1, 9, 17, 25, 33], Markov rank 256, 512 anchors per response, max length 4096,
 global batch 512, lr 6e-4 with 4% warmup and cosine decay, 10 baseline epochs, bf16 compute.
 

@@ -1,8 +1,9 @@
 """Independent PyTorch reference for the DFlash-style drafter forward, with Carryover.
 
-Written from the spec (`drafters.md` §1.1-1.5, `carryover.md` §1-2), not from the JAX code, so that
-agreement between the two is evidence that both follow the spec and that an exported checkpoint
-carries the JAX model's numerics. Deliberately plain: one function per concept, everything in float32,
+Written from the published designs (z-lab DFlash `dflash/model.py`, DeepSpec's DSpark Markov head
+`deepspec/modeling/dspark/markov_head.py`, the Carryover Drafting paper), not from the JAX code, so
+that agreement between the two is evidence that both follow those designs and that an exported
+checkpoint carries the JAX model's numerics. Deliberately plain: one function per concept, everything in float32,
 no caches, no fused kernels.
 
 Weights use HF/PyTorch names and layouts (Linear weights are [out, in]).
@@ -96,7 +97,7 @@ def _apply_rope(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
 
 
 def _fuse(weights: dict, features: Tensor, eps: float) -> Tensor:
-    # Context fusion (drafters.md §1.1 step 1): done once, never passed through the layers.
+    # DFlash context fusion of the tapped target layers: done once, never passed through the layers.
     return _rms_norm(_linear(_f32(features), weights["fc.weight"]), weights["hidden_norm.weight"], eps)
 
 
@@ -177,7 +178,7 @@ def drafter_logits(weights, config, embed, lm_head, block_tokens, block_position
         P = carried_features.shape[1]
         u = _fuse(weights, carried_features, eps)
         if "e_rej" in weights:
-            # e_rej tags these rows as "from a rejected branch" (carryover.md §2).
+            # e_rej, one learned embedding, tags these rows as rejected states (Carryover paper).
             u = u + _f32(weights["e_rej"])
         count = torch.full((B,), P, device=dev) if rejected_count is None else rejected_count
         valid = torch.arange(P, device=dev)[None, :] < count.reshape(B, 1)
@@ -191,7 +192,7 @@ def drafter_logits(weights, config, embed, lm_head, block_tokens, block_position
 
 
 # --------------------------------------------------------------------------------------------------
-# Markov head (vanilla, drafters.md §1.5)
+# Markov head (vanilla DSpark: `deepspec/modeling/dspark/markov_head.py`)
 
 
 def markov_bias(weights, prev_tokens) -> Tensor:

@@ -11,12 +11,14 @@ import os
 import time
 from typing import Any
 
+from tqdm import tqdm
+
 from carryover_jax.bench.prompts import BENCH_PROMPTS
 from carryover_jax.decode.generate import generate
 
 
 def _torch_generate(model, tok, prompt_ids: list[list[int]], max_new: int):
-    import torch
+    import torch  # the optional [torch] extra: only this benchmark's PyTorch side needs it
 
     width = max(len(p) for p in prompt_ids)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -32,9 +34,8 @@ def _torch_generate(model, tok, prompt_ids: list[list[int]], max_new: int):
 
 def run(target, *, batch_sizes=(1, 8), max_new_tokens: int = 64, repeats: int = 1,
         torch_threads: int | None = None, progress: bool = True) -> dict[str, Any]:
-    import torch
+    import torch  # the optional [torch] extra: only this benchmark's PyTorch side needs it
     import transformers
-    from tqdm import tqdm
 
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(torch_threads or os.cpu_count() or 1)

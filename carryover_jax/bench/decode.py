@@ -11,7 +11,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
 from carryover_jax.bench.prompts import BENCH_PROMPTS
+from carryover_jax.config import next_bucket
+from carryover_jax.decode import autoregressive as ar
+from carryover_jax.decode import speculative as sp
 from carryover_jax.decode.generate import generate, speculative_generate
 
 
@@ -24,8 +32,6 @@ def _timed(fn, *args, **kw):
 
 def run(target, drafter, *, num_prompts: int = 4, max_new_tokens: int = 64, batch_sizes=(1, 2, 4, 8),
         progress: bool = True) -> dict[str, Any]:
-    from tqdm import tqdm
-
     prompts = [target.encode(p) for p in BENCH_PROMPTS[:num_prompts]]
     kw = dict(max_new_tokens=max_new_tokens)
     modes = ("ar", "baseline", "carryover")
@@ -119,15 +125,6 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
     slow phases of a shared machine hit all of them alike; ratios to the AR step at the same max_len
     are the numbers to compare. Also reports how many times each jitted step compiled (once per
     max_len is the contract) and that repeated calls compile nothing new."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from tqdm import tqdm
-
-    from carryover_jax.config import next_bucket
-    from carryover_jax.decode import autoregressive as ar
-    from carryover_jax.decode import speculative as sp
-
     tcfg, tp, dcfg, dp = target.cfg, target.params, drafter.cfg, drafter.params
     sc = sp.SpecConfig(target=tcfg, drafter=dcfg, carryover=carryover and dcfg.carryover)
     rng = np.random.default_rng(0)

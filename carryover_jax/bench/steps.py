@@ -16,7 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig, next_bucket
+from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig, next_bucket, zlab_layer_ids
+from carryover_jax.decode import autoregressive as ar
+from carryover_jax.decode import speculative as sp
+from carryover_jax.models.drafter import init_drafter_params
+from carryover_jax.models.target import abstract_params
+from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
 
 
 def random_params(abstract, seed: int = 0, scale: float = 0.02):
@@ -38,12 +43,6 @@ def _median_ms(fn, n: int) -> float:
 def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab", proposals: int = 15,
         draft_layers: int = 5, batch: int = 1, context: int = 512, train_batch: int = 1, train_len: int = 1024,
         anchors: int = 64, repeats: int = 10) -> dict[str, Any]:
-    from carryover_jax.decode import autoregressive as ar
-    from carryover_jax.decode import speculative as sp
-    from carryover_jax.models.drafter import init_drafter_params
-    from carryover_jax.models.target import abstract_params
-    from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
-
     tcfg = target_cfg
     dcfg = DrafterConfig.for_target(tcfg, kind=kind, layout=layout, num_proposals=proposals, num_layers=draft_layers,
                                     mask_token_id=0, target_layer_ids=_layer_ids(tcfg.num_layers))
@@ -117,8 +116,6 @@ def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab",
 
 
 def _layer_ids(n: int) -> tuple[int, ...]:
-    from carryover_jax.config import zlab_layer_ids
-
     if n >= 6:
         return zlab_layer_ids(n)
     return tuple(range(max(1, n - 1)))  # cut-down CPU runs: every layer but the last

@@ -21,13 +21,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from carryover_jax.bench.steps import _median_ms
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
+from carryover_jax.loading import load_target
+from carryover_jax.models.drafter import init_drafter_params
+from carryover_jax.models.target import abstract_params
+from carryover_jax.train.loop import build_drafter, train
+from carryover_jax.train.responses import target_features
+from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
+from carryover_jax.train.store import ResponseStore
 
 
 def _synthetic_store(path: Path, target, cfg: TrainConfig, layer_ids, *, records: int, features: bool):
-    from carryover_jax.train.responses import target_features
-    from carryover_jax.train.store import ResponseStore
-
     rng = np.random.default_rng(0)
     s = cfg.data.max_len
     seqs = [rng.integers(10, target.cfg.vocab_size, s).astype(np.int32).tolist() for _ in range(records)]
@@ -47,9 +52,6 @@ def _synthetic_store(path: Path, target, cfg: TrainConfig, layer_ids, *, records
 
 
 def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str, Any]:
-    from carryover_jax.loading import load_target
-    from carryover_jax.train.loop import build_drafter, train
-
     target = load_target(cfg.target)
     dcfg, _ = build_drafter(cfg, target)
     records = cfg.batch_size * (steps + 1)
@@ -78,12 +80,6 @@ def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str,
 def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
     """Step time of DVD training and of its equal-compute control against baseline steps on the same
     batch (stored and online features), interleaved call by call in one process; medians in ms."""
-    from carryover_jax.bench.steps import _median_ms
-    from carryover_jax.loading import load_target
-    from carryover_jax.train.loop import build_drafter
-    from carryover_jax.train.responses import target_features
-    from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
-
     target = load_target(cfg.target)
     dcfg, params = build_drafter(cfg, target)
     rng = np.random.default_rng(0)
@@ -127,10 +123,6 @@ def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
                     dvd: bool = False) -> dict:
     """Per-device bytes for one training step of `cfg` (a DVD step with `dvd`) on `devices` devices (data
     parallel unless the mesh shards), from abstract shapes only."""
-    from carryover_jax.models.drafter import init_drafter_params
-    from carryover_jax.models.target import abstract_params
-    from carryover_jax.train.step import make_optimizer
-
     tdt = "bfloat16" if cfg.compute_dtype == "bfloat16" else "float32"
     tparams = abstract_params(target_cfg.replace(dtype=tdt, param_dtype=tdt))
     dparams = jax.eval_shape(lambda: init_drafter_params(dcfg, jax.random.key(0)))

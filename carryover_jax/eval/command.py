@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from carryover_jax.decode.generate import check_sampling
+from carryover_jax.errors import CarryoverError
+from carryover_jax.loading import load_target
+
 
 def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -48,33 +52,28 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
 
 
 def _check_args(args):
-    from carryover_jax.errors import CarryoverError
-
     for name in ("prompts_per_dataset", "max_prompt_tokens", "max_new_tokens", "seeds", "diagnostic_prompts",
                  "timing_repeats"):
         if getattr(args, name) < 1:
             raise CarryoverError(f"--{name.replace('_', '-')} must be >= 1")
     if any(b < 1 for b in args.batch_sizes):
         raise CarryoverError("--batch-sizes must be >= 1")
-    from carryover_jax.decode.generate import check_sampling
-
     check_sampling(temperature=args.temperatures, max_new_tokens=args.max_new_tokens, max_len=args.max_len)
     if len(set(args.temperatures)) != len(args.temperatures):
         raise CarryoverError("--temperatures has duplicates")
 
 
 def main(args) -> int:
-    from carryover_jax.eval.run import load_result, write_outputs
+    # the eval engine (and the training code its diagnostics reuse) loads only when the command runs,
+    # not for every `carryover` invocation (this module builds the CLI's parser)
+    from carryover_jax.eval.report import render_markdown
+    from carryover_jax.eval.run import evaluate, load_result, parse_drafter_spec, write_outputs
 
     if args.from_json:
         out = write_outputs(load_result(args.from_json), args.out, plots=not args.no_plots)
         print(out / "report.md")
         return 0
     _check_args(args)
-    from carryover_jax.errors import CarryoverError
-    from carryover_jax.eval.run import evaluate, parse_drafter_spec
-    from carryover_jax.loading import load_target
-
     entries = [parse_drafter_spec(s) for s in args.drafter or []]
     if not entries:
         raise CarryoverError("give at least one --drafter LABEL=DIR[:carryover]")
@@ -87,8 +86,6 @@ def main(args) -> int:
         diagnostics=args.diagnostics, diagnostic_prompts=args.diagnostic_prompts, progress=not args.quiet,
         log=lambda msg: print(msg, file=sys.stderr), timing_repeats=args.timing_repeats)
     out = write_outputs(result, args.out, plots=not args.no_plots)
-    from carryover_jax.eval.report import render_markdown
-
     print(render_markdown(result))
     ck = result["summary"]["check"]
     if ck["mismatches"] or not ck.get("throughput_identical_to_ar", True):

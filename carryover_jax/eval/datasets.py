@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from carryover_jax.errors import CarryoverError
+from carryover_jax.train.sources import is_heldout, iter_jsonl, iter_sharegpt
 
 BUILTIN = ("humaneval", "mtbench", "sharegpt")
 HUMANEVAL_FILE = ("data", "HumanEval.jsonl.gz")
@@ -87,16 +88,12 @@ def _first_turn(messages: list[dict[str, str]], keep_system: bool) -> tuple:
 
 
 def iter_sharegpt_heldout(heldout_per_mille: int = 20) -> Iterator[EvalPrompt]:
-    from carryover_jax.train.sources import is_heldout, iter_sharegpt
-
     for conv in iter_sharegpt():
         if is_heldout(conv.id, heldout_per_mille):
             yield EvalPrompt("sharegpt", conv.id, _first_turn(conv.messages, keep_system=False))
 
 
 def iter_user_jsonl(label: str, path: str) -> Iterator[EvalPrompt]:
-    from carryover_jax.train.sources import iter_jsonl
-
     for conv in iter_jsonl(path):
         yield EvalPrompt(label, conv.id, _first_turn(conv.messages, keep_system=True))
 

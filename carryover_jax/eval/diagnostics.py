@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 from carryover_jax.config import next_bucket
 from carryover_jax.decode import drafting as D
@@ -153,9 +154,6 @@ def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, m
     Two replays: at decode time (`replay`: the engine's own states, rounds with carried rows) and
     training-style on the recorded AR outputs of the same prompts (`replay_recorded`: DVD's draft 1 at
     `replay_anchors` sampled anchors per sequence, then draft 2 with the carried rows supplied vs withheld)."""
-    from tqdm import tqdm
-
-
     if not items:
         raise CarryoverError("no prompts for the diagnostics")
     ids = [list(it.ids) for it in items]

@@ -6,7 +6,7 @@ A decode log is a list of records, one per (mode, temperature, seed, prompt) cal
      "new_tokens": int, "time_s": float, "rounds": int | None, "accepted": [a_1, a_2, ...] | None,
      "matches_ar": bool | None}
 
-Definitions (``shared/spec/carryover.md`` §4):
+Definitions (as in the Carryover Drafting paper, Table 1):
 - τ = mean of (a + 1) over all verification rounds, micro-averaged: Σ_rounds (a + 1) / #rounds over
   every prompt of a dataset (or of the mix). `tau_committed` = Σ(new_tokens - 1) / #rounds instead counts
   only tokens kept (the last round may be cut by a stop token or max_new_tokens; the first token comes

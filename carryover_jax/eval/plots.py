@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from carryover_jax.eval.report import summary_of
+
 
 def write_plots(result: dict[str, Any], folder: str | Path) -> list[Path]:
-    import matplotlib
+    import matplotlib  # slow to import: only when plots are written
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from carryover_jax.eval.report import summary_of
 
     folder = Path(folder)
     summary = summary_of(result)
@@ -113,7 +113,7 @@ def write_plots(result: dict[str, Any], folder: str | Path) -> list[Path]:
 
 
 def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # loaded by write_plots, which calls this
 
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from carryover_jax.eval.metrics import summarize
+
 
 def _num(x, digits=2, ci=None, suffix=""):
     if x is None:
@@ -30,8 +32,6 @@ def _recall_rows(rep: dict) -> list[str]:
 
 def summary_of(result: dict[str, Any]) -> dict[str, Any]:
     """The stored summary, or one recomputed from the log (a result written without it)."""
-    from carryover_jax.eval.metrics import summarize
-
     s = result.get("summary")
     if not s:
         s = summarize(result["log"], result["drafters"])

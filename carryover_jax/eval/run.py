@@ -12,11 +12,25 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import jax
+from tqdm import tqdm
+
+from carryover_jax.config import DataConfig
+from carryover_jax.decode.generate import generate, plan_lengths, speculative_generate
 from carryover_jax.errors import CarryoverError
+from carryover_jax.eval.datasets import load_prompts
+from carryover_jax.eval.diagnostics import run_diagnostics
+from carryover_jax.eval.metrics import summarize
+from carryover_jax.eval.plots import write_plots
+from carryover_jax.eval.report import render_markdown
+from carryover_jax.io import atomic_dir
+from carryover_jax.loading import default_mask_token_id, load_drafter
+from carryover_jax.models.drafter import check_pair
 
 RESERVED_LABELS = ("ar", "all")
 
@@ -46,8 +60,6 @@ def parse_drafter_spec(spec: str) -> DrafterEntry:
 
 def check_drafter(label: str, cfg, target_cfg, mask_token_id: int | None) -> None:
     """One-line refusal of a drafter built for another target or another MASK row."""
-    from carryover_jax.models.drafter import check_pair
-
     try:
         check_pair(cfg, target_cfg)
     except CarryoverError as e:
@@ -61,8 +73,6 @@ def load_entries(target, entries: Sequence[DrafterEntry], mask_token_id: int | N
     """Load every drafter (carryover as the entry asks) and check it against the target and the MASK id.
 
     `mask_token_id=None`: the target's default MASK row when it has one, else the drafters must agree."""
-    from carryover_jax.loading import default_mask_token_id, load_drafter
-
     if not entries:
         raise CarryoverError("give at least one --drafter LABEL=DIR[:carryover]")
     labels = [e.label for e in entries]
@@ -115,8 +125,6 @@ class _Runner:
         self.seen: set = set()
 
     def _key(self, mode, batch, temperature):
-        from carryover_jax.decode.generate import plan_lengths
-
         lens = [len(x) for x in batch]
         extra = 0 if mode == "ar" else self.drafters[mode][1].cfg.num_proposals + 1
         m = self.kw["max_new_tokens"]
@@ -125,8 +133,6 @@ class _Runner:
         return mode, len(batch), shape, temperature > 0
 
     def __call__(self, mode, batch: list[list[int]], temperature: float, seed: int):
-        from carryover_jax.decode.generate import generate, speculative_generate
-
         def call():
             if mode == "ar":
                 res = generate(self.target, batch, temperature=temperature, seed=seed, chat=False, **self.kw)
@@ -153,10 +159,6 @@ def run_eval(target, drafters, items: Sequence[Item], *, max_new_tokens: int = 1
     """Run every pass and return the full result (config, drafters, log, throughput, summary).
 
     `timing_repeats` > 1 repeats every timed call and keeps its median time (a shared, noisy machine)."""
-    from tqdm import tqdm
-
-    from carryover_jax.eval.metrics import summarize
-
     if not items:
         raise CarryoverError("no prompts")
     if seeds < 1:
@@ -229,33 +231,22 @@ def run_eval(target, drafters, items: Sequence[Item], *, max_new_tokens: int = 1
 
 
 def _device() -> str:
-    import jax
-
     d = jax.devices()[0]
     return f"{d.platform}:{getattr(d, 'device_kind', '')} x{jax.device_count()}"
 
 
 def write_outputs(result: dict[str, Any], out: str | Path, *, plots: bool = True) -> Path:
     """results.json, report.md and the PNGs, written into `out` atomically (all or nothing)."""
-    import json
-
-    from carryover_jax.eval.report import render_markdown
-    from carryover_jax.io import atomic_dir
-
     def write(tmp: Path):
         (tmp / "results.json").write_text(json.dumps(result, indent=1) + "\n")
         (tmp / "report.md").write_text(render_markdown(result))
         if plots:
-            from carryover_jax.eval.plots import write_plots
-
             write_plots(result, tmp)
 
     return atomic_dir(out, write)
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
-    import json
-
     p = Path(path)
     if p.is_dir():
         p = p / "results.json"
@@ -282,9 +273,6 @@ def evaluate(target, drafters: Sequence[DrafterEntry | str], *, datasets: Sequen
     `target`: a loaded `Target` (with a tokenizer). `drafters`: `DrafterEntry`s or ``LABEL=DIR[:carryover]``
     strings. Loads and checks the drafters, reads and encodes the prompts, runs every pass, and writes
     `out` (results.json, report.md, PNGs) when given. Returns the result dict."""
-    from carryover_jax.config import DataConfig
-    from carryover_jax.eval.datasets import load_prompts
-
     entries = [parse_drafter_spec(d) if isinstance(d, str) else d for d in drafters]
     loaded = load_entries(target, entries, mask_token_id, dtype=dtype)
     if heldout_per_mille is None:
@@ -300,8 +288,6 @@ def evaluate(target, drafters: Sequence[DrafterEntry | str], *, datasets: Sequen
     items = encode_items(target, prompts, chat=chat)
     diag = None
     if diagnostics:
-        from carryover_jax.eval.diagnostics import run_diagnostics
-
         per_ds: dict[str, int] = {}
         diag_items = []
         for it in items:

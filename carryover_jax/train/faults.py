@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -24,6 +25,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from carryover_jax.errors import TrainingError
 
@@ -132,8 +134,6 @@ class StopSignal:
         """Whether to stop now; with several processes, all of them agree (any one signalled stops all)."""
         flag = self.received is not None
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
             flag = bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
         return flag
 
@@ -153,8 +153,6 @@ def save_before_stop(ckpt, guard: FiniteGuard, step: int, state: Any, data_iter)
 def metrics_lines_upto(path: Path, step: int) -> list[str]:
     """The lines of a run's metrics.jsonl up to `step` (the checkpoint a run resumes from). A line a killed
     run left half-written (or any other unparsable line) is dropped with a one-line notice, not a traceback."""
-    import json
-
     keep, bad = [], 0
     for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         if not line.strip():

@@ -21,47 +21,34 @@ def position_weights(num_proposals: int, gamma: float) -> Array:
     return jnp.exp(-jnp.arange(num_proposals, dtype=jnp.float32) / gamma)
 
 
-def row_terms(draft_logits: Array, target_logits: Array | None, labels: Array):
-    """[..., V] logits -> per-row (ce, l1, alpha, top1_correct); l1/alpha are 0 without target logits."""
+def row_terms(draft_logits: Array, target_logits: Array, labels: Array):
+    """[..., V] logits -> per-row (ce, l1, alpha, top1_correct)."""
     z = draft_logits.astype(jnp.float32)
     logp = jax.nn.log_softmax(z, axis=-1)
     ce = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
     correct = (jnp.argmax(z, -1) == labels).astype(jnp.float32)
-    if target_logits is None:
-        zero = jnp.zeros_like(ce)
-        return ce, zero, zero, correct
     pt = jax.nn.softmax(target_logits.astype(jnp.float32), axis=-1)
     l1 = jnp.sum(jnp.abs(jnp.exp(logp) - pt), axis=-1)
     return ce, l1, jnp.clip(1.0 - 0.5 * l1, 0.0, 1.0), correct
 
 
 def combine(ce: Array, l1: Array, alpha: Array, correct: Array, eval_mask: Array, *, gamma: float,
-            ce_weight: float, l1_weight: float, with_target: bool = True) -> tuple[Array, dict]:
+            ce_weight: float, l1_weight: float) -> tuple[Array, dict]:
     """Per-row terms shaped [..., P] -> (loss, metrics), normalised by the batch's total weight."""
     e = eval_mask.astype(jnp.float32)
     w = e * position_weights(e.shape[-1], gamma)
     wsum = jnp.maximum(jnp.sum(w), 1e-6)
     lead = tuple(range(e.ndim - 1))
     esum = jnp.maximum(jnp.sum(e, axis=lead), 1e-6)  # per slot
-    metrics = {"ce_loss": jnp.sum(w * ce) / wsum, "top1_acc@slot": jnp.sum(correct * e, axis=lead) / esum}
-    loss = ce_weight * metrics["ce_loss"]
-    if with_target:
-        metrics["l1_loss"] = jnp.sum(w * l1) / wsum
-        loss = loss + l1_weight * metrics["l1_loss"]
-        ae = jax.lax.stop_gradient(alpha) * e
-        metrics["accept_rate@slot"] = jnp.sum(ae, axis=lead) / esum
-        # expected accepted length (with bonus) of each valid block, teacher forced
-        blocks = e[..., 0] > 0
-        tau = 1.0 + jnp.sum(jnp.cumprod(ae, axis=-1), axis=-1)
-        metrics["tau_estimate"] = jnp.sum(jnp.where(blocks, tau, 0.0)) / jnp.maximum(jnp.sum(blocks), 1)
+    metrics = {"ce_loss": jnp.sum(w * ce) / wsum, "top1_acc@slot": jnp.sum(correct * e, axis=lead) / esum,
+               "l1_loss": jnp.sum(w * l1) / wsum}
+    loss = ce_weight * metrics["ce_loss"] + l1_weight * metrics["l1_loss"]
+    ae = jax.lax.stop_gradient(alpha) * e
+    metrics["accept_rate@slot"] = jnp.sum(ae, axis=lead) / esum
+    # expected accepted length (with bonus) of each valid block, teacher forced
+    blocks = e[..., 0] > 0
+    tau = 1.0 + jnp.sum(jnp.cumprod(ae, axis=-1), axis=-1)
+    metrics["tau_estimate"] = jnp.sum(jnp.where(blocks, tau, 0.0)) / jnp.maximum(jnp.sum(blocks), 1)
     metrics["loss"] = loss
     metrics["supervised_tokens"] = jnp.sum(e)
     return loss, metrics
-
-
-def drafter_losses(draft_logits: Array, target_logits: Array | None, labels: Array, eval_mask: Array, *,
-                   gamma: float, ce_weight: float, l1_weight: float) -> tuple[Array, dict]:
-    """draft/target logits [..., P, V], labels/eval_mask [..., P] -> (loss, metrics)."""
-    terms = row_terms(draft_logits, target_logits, labels)
-    return combine(*terms, eval_mask, gamma=gamma, ce_weight=ce_weight, l1_weight=l1_weight,
-                   with_target=target_logits is not None)

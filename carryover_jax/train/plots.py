@@ -6,21 +6,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from carryover_jax.errors import CarryoverError
+from carryover_jax.train.faults import metrics_lines_upto
+
 
 def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    import matplotlib
+    import matplotlib  # slow to import: only when plots are written
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
-    from carryover_jax.train.faults import metrics_lines_upto  # skips a line half-written by a killed run
-
+    # metrics_lines_upto skips a line half-written by a killed run
     recs = [json.loads(l) for l in metrics_lines_upto(path, 1 << 62)] if path.exists() else []
     if not recs:
-        from carryover_jax.errors import CarryoverError
-
         raise CarryoverError(f"{path} has no metrics to plot")
     steps = [r["step"] for r in recs]
     dvd = "draft1/tau" in recs[0]

@@ -228,11 +228,6 @@ class ResponseStore:
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise DataError(f"corrupt file {path} (not one JSON string per line)") from None
 
-    def refresh(self) -> None:
-        """Re-read the commit (a reader following a running writer); pending appends are discarded."""
-        self._arrays = {n: self._open_array(n) for n in self._arrays}
-        self._load_commit()
-
     # ---- reading -----------------------------------------------------------------------------------
     @property
     def meta(self) -> dict[str, Any]:
@@ -252,9 +247,6 @@ class ResponseStore:
     def done_ids(self) -> set[str]:
         """Ids a resumed run must not redo: committed records and committed skips."""
         return set(self._ids) | set(self._read_lines("skipped.jsonl", self._commit["skipped_bytes"]))
-
-    def lengths(self) -> np.ndarray:
-        return np.diff(self._offsets[: len(self) + 1])
 
     def loss_counts(self, max_len: int | None = None) -> np.ndarray:
         """Masked tokens per record within its first `max_len` tokens (all when None)."""
