@@ -118,7 +118,7 @@ def test_atomic_dir_keeps_the_previous_folder_and_cleans_dead_writers(tmp_path):
         (d / "a").write_text("2")
         raise RuntimeError("disk full")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="disk full"):  # the writer's own error, not a cleanup error
         atomic_dir(out, fail)
     assert (out / "a").read_text() == "1"  # the previous complete folder, untouched
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary leftovers

