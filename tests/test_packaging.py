@@ -32,9 +32,14 @@ def test_non_editable_install_ships_configs_and_export_inside_the_package(tmp_pa
     # the venv's editable finder would resolve a missing module from the repo: check where each came from
     probe = ("import carryover_jax.configs as c, carryover_jax.export.torch_reference as t\n"
              "print(c.__file__); print(t.__file__)\n"
-             "cfg = c.load_config('smollm2'); print(cfg.name, cfg.target, c.load_config('smollm2:dvd').mode)\n")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)},
-                         capture_output=True, text=True, check=True).stdout.split("\n")
+             "cfg = c.load_config('smollm2'); print(cfg.name, cfg.target, c.load_config('smollm2:dvd').mode)\n"
+             # the CLI finds the config by name (and then refuses the made-up key)
+             "from carryover_jax.cli import main\n"
+             "print(main(['train', '--config', 'smollm2', '--set', 'no_such_key=1']))\n")
+    run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)},
+                         capture_output=True, text=True, check=True)
+    out = run.stdout.split("\n")
     assert out[0] == str(site / "carryover_jax/configs/__init__.py")
     assert out[1] == str(site / "carryover_jax/export/torch_reference.py")
     assert out[2] == "smollm2 smollm2 dvd"
+    assert out[3] == "2" and run.stderr.strip().splitlines()[-1] == "carryover train: error: unknown config key 'no_such_key'"
