@@ -328,6 +328,23 @@ def _qwen3(layers, hidden, inter, heads, kv, tie) -> TargetConfig:
     )
 
 
+def _gemma4(num_global_kv_heads: int) -> TargetConfig:
+    """Gemma 4 12B text shapes as third-party ports report them (no public config in these repos; read
+    the real checkpoint's config.json when you have it): reports disagree on the global layers' KV
+    heads (1 or 8), hence two presets."""
+    return TargetConfig(
+        family="gemma4", vocab_size=262144, hidden_size=3840, intermediate_size=15360, num_layers=48,
+        num_heads=16, num_kv_heads=8, head_dim=256, rms_norm_eps=1e-6, tie_word_embeddings=True, qk_norm=True,
+        hidden_act="gelu_pytorch_tanh", layer_types=tuple(
+            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(48)),
+        sliding_window=1024, rope_theta=1_000_000.0, rope_type="proportional", rope_partial_factor=0.25,
+        rope_local_theta=10_000.0, attention_scale=1.0, final_logit_softcapping=30.0, norm_kind="gemma4",
+        sandwich_norms=True, embed_scale=True, v_norm=True, global_head_dim=512,
+        num_global_kv_heads=num_global_kv_heads, attention_k_eq_v=True, layer_scalar=True,
+        max_position_embeddings=131072, bos_token_id=2, eos_token_id=1,
+    )
+
+
 PRESETS: dict[str, TargetConfig] = {
     "smollm2-135m": TargetConfig(
         family="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
@@ -339,6 +356,17 @@ PRESETS: dict[str, TargetConfig] = {
     "qwen3-4b": _qwen3(36, 2560, 9728, 32, 8, True),
     "qwen3-8b": _qwen3(36, 4096, 12288, 32, 8, False),
     "qwen3-14b": _qwen3(40, 5120, 17408, 40, 8, False),
+    "gemma4-12b": _gemma4(8),
+    "gemma4-12b-kv1": _gemma4(1),
+    "gemma3-270m": TargetConfig(
+        family="gemma3", vocab_size=262144, hidden_size=640, intermediate_size=2048, num_layers=18,
+        num_heads=4, num_kv_heads=1, head_dim=256, rms_norm_eps=1e-6, tie_word_embeddings=True, qk_norm=True,
+        hidden_act="gelu_pytorch_tanh", layer_types=tuple(
+            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)),
+        sliding_window=512, rope_theta=1_000_000.0, rope_local_theta=10_000.0, attention_scale=256 ** -0.5,
+        norm_kind="gemma", sandwich_norms=True, embed_scale=True, max_position_embeddings=32768,
+        bos_token_id=2, eos_token_id=1,
+    ),
     "llama-3.1-8b": TargetConfig(
         family="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
         num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
@@ -368,7 +396,7 @@ LAYOUTS = ("zlab", "deepspec")
 # Qwen3: 151669, the first unused row (DeepSpec / z-lab). SmolLM2's 49152 rows are all real tokens, so
 # `loading.default_mask_token_id` takes `<empty_output>` (16) from its tokenizer, a StarCoder-era
 # Jupyter marker that ChatML conversations never contain.
-MASK_TOKEN_IDS = {"qwen3": 151669}
+MASK_TOKEN_IDS = {"qwen3": 151669, "gemma": 4}  # Gemma: `<mask>`, DeepSpec's MASK id
 
 
 def zlab_layer_ids(num_target_layers: int, n: int = 5) -> tuple[int, ...]:
@@ -454,13 +482,16 @@ class DrafterConfig:
     ) -> "DrafterConfig":
         """The paper's setting by default: 15 proposals, 5 draft layers, z-lab feature layers."""
         if mask_token_id is None:
-            if target.family != "qwen3":
+            if target.family not in ("qwen3", "gemma3", "gemma4"):
                 raise ConfigError("give mask_token_id for this target (an unused special-token row)")
-            mask_token_id = MASK_TOKEN_IDS["qwen3"]
-        backbone = target.replace(
-            family="qwen3", num_layers=num_layers, qk_norm=True, tie_word_embeddings=False,
-            attention_bias=False, mlp_bias=False,
-        )
+            mask_token_id = MASK_TOKEN_IDS["qwen3" if target.family == "qwen3" else "gemma"]
+        if target.family in ("gemma3", "gemma4"):
+            backbone = gemma_draft_backbone(target, num_layers)
+        else:
+            backbone = target.replace(
+                family="qwen3", num_layers=num_layers, qk_norm=True, tie_word_embeddings=False,
+                attention_bias=False, mlp_bias=False,
+            )
         return cls(
             kind=kind, layout=layout,
             block_size=num_proposals + 1 if layout == "zlab" else num_proposals,
@@ -469,6 +500,21 @@ class DrafterConfig:
             markov_rank=(256 if kind == "markov" else 0) if markov_rank is None else markov_rank,
             carryover=carryover,
         )
+
+
+def gemma_draft_backbone(target: TargetConfig, num_layers: int) -> TargetConfig:
+    """DeepSpec's Gemma drafter layers: a copy of the target's text config with `num_layers` layers,
+    every one a full-attention layer in the target's global geometry (head dim `global_head_dim`,
+    K/V heads of the global layers, K = V, v_norm, attention scale, the full-attention RoPE incl.
+    Gemma 4's proportional partial RoPE), with the target's norms, sandwich norms, layer scalar,
+    GeGLU, sqrt(d)-scaled embeddings (anchor, MASK) and soft-capped logits (the Markov bias is
+    added after capping)."""
+    g = next((i for i in range(target.num_layers) if not target.is_sliding(i)), 0)
+    return target.replace(
+        num_layers=num_layers, layer_types=(), sliding_window=None, head_dim=target.layer_head_dim(g),
+        num_kv_heads=target.layer_kv_heads(g), global_head_dim=None, num_global_kv_heads=None,
+        tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+    )
 
 
 # ---- Training data ---------------------------------------------------------------------------------

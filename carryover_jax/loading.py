@@ -145,6 +145,8 @@ def default_mask_token_id(target: Target) -> int:
     """The frozen MASK row for a target: Qwen3's unused 151669, else a documented unused special token."""
     if target.cfg.family == "qwen3":
         return MASK_TOKEN_IDS["qwen3"]
+    if target.cfg.family in ("gemma3", "gemma4"):  # `<mask>`, as DeepSpec's Gemma drafters use it
+        return MASK_TOKEN_IDS["gemma"]
     tok = target.tokenizer
     if tok is not None:
         tid = tok.convert_tokens_to_ids("<empty_output>")  # SmolLM2 / StarCoder-family vocabularies

@@ -198,3 +198,41 @@ def test_multimodal_checkpoint_loads_its_text_model(gemma4, tmp_path):
     assert a.cfg == b.cfg
     ids = _ids(np.random.default_rng(7), 1, 9)
     np.testing.assert_array_equal(_full(a, ids), _full(b, ids))
+
+
+# ---- drafters on Gemma targets ---------------------------------------------------------------------
+def test_gemma_drafter_backbone_uses_the_global_layer_geometry(gemma4):
+    from carryover_jax.config import DrafterConfig
+
+    t = load_target(gemma4[0], tokenizer=False).cfg
+    d = DrafterConfig.for_target(t, kind="markov", layout="deepspec", num_proposals=4, num_layers=2,
+                                 target_layer_ids=(0, 2))
+    bc = d.backbone
+    assert d.mask_token_id == 4 and bc.layer_types == () and not bc.is_sliding(0)
+    assert (bc.layer_head_dim(0), bc.layer_kv_heads(0), bc.layer_k_eq_v(0)) == (32, 1, True)
+    assert (bc.attention_scale, bc.rope_type, bc.rope_partial_factor, bc.final_logit_softcapping) == (
+        1.0, "proportional", 0.25, 5.0)
+    assert bc.sandwich_norms and bc.embed_scale and bc.v_norm and bc.layer_scalar and bc.norm_kind == "gemma4"
+
+
+@pytest.mark.parametrize("kind,layout", [("dflash", "zlab"), ("markov", "deepspec")])
+@pytest.mark.parametrize("carryover", [True, False])
+def test_greedy_speculative_on_gemma_equals_ar(gemma, kind, layout, carryover):
+    """Lossless on a sliding-window target: rounds roll the target cache back across the window."""
+    import jax
+
+    from carryover_jax.config import DrafterConfig
+    from carryover_jax.decode.generate import speculative_generate
+    from carryover_jax.models.drafter import init_drafter_params
+
+    target = load_target(gemma[0], tokenizer=False)
+    cfg = DrafterConfig.for_target(target.cfg, kind=kind, layout=layout, num_proposals=4, num_layers=1,
+                                   target_layer_ids=(0, 2), markov_rank=8 if kind == "markov" else None)
+    drafter = (cfg, init_drafter_params(cfg, jax.random.key(0)))
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(3, 97, size=n).tolist() for n in (4, 13, 7)]
+    ref = generate(target, prompts, max_new_tokens=[17, 6, 21], stop_token_ids=[])
+    out, stats = speculative_generate(target, drafter, prompts, max_new_tokens=[17, 6, 21], stop_token_ids=[],
+                                      carryover=carryover)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+    assert stats["rounds"] > 0

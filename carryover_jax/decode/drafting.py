@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from carryover_jax.config import DrafterConfig
 from carryover_jax.decode.sampling import probs, sample
 from carryover_jax.models.cache import KVCache, write_chunk
-from carryover_jax.models.drafter import Drafter, logits_from_hidden, proposal_slots
+from carryover_jax.models.drafter import Drafter, cap_logits, logits_from_hidden, proposal_slots
 from carryover_jax.models.layers import LiveMask, dtype_of, tied_logits
 
 Array = jax.Array
@@ -24,8 +24,8 @@ Array = jax.Array
 
 def new_context_cache(cfg: DrafterConfig, batch: int, max_len: int) -> KVCache:
     bc = cfg.backbone
-    return KVCache.zeros(num_layers=bc.num_layers, batch=batch, max_len=max_len, num_kv_heads=bc.num_kv_heads,
-                         head_dim=bc.head_dim, dtype=dtype_of(bc.dtype))
+    return KVCache.zeros(num_layers=bc.num_layers, batch=batch, max_len=max_len,
+                         num_kv_heads=bc.layer_kv_heads(0), head_dim=bc.layer_head_dim(0), dtype=dtype_of(bc.dtype))
 
 
 def append_context(cfg: DrafterConfig, params, cache: KVCache, features: Array, count: Array) -> KVCache:
@@ -91,7 +91,7 @@ def draft_block_logits(cfg: DrafterConfig, params, frozen, cache: KVCache, ancho
                 cached=(cache.k, cache.v, ctx_mask), rows=rows, method=Drafter.block_hidden)
     h = h[:, proposal_slots(cfg)]
     if frozen.get("head") is None:  # tied: the few-row vocabulary-major contraction
-        return tied_logits(h, frozen["embed"])
+        return cap_logits(tied_logits(h, frozen["embed"]), frozen)
     return logits_from_hidden(h, frozen)
 
 

@@ -81,9 +81,9 @@ class Drafter(nn.Module):
         c, bc = self.cfg, self.cfg.backbone
         dt, pdt = dtype_of(bc.dtype), dtype_of(bc.param_dtype)
         self.fc = dense(bc.hidden_size, "fc", ("features", "embed"), use_bias=False, dtype=dt, param_dtype=pdt)
-        self.hidden_norm = RMSNorm(bc.rms_norm_eps, dt, pdt)
+        self.hidden_norm = RMSNorm(bc.rms_norm_eps, dt, pdt, kind=bc.norm_kind)
         self.layers = DraftLayers(c, self.remat)
-        self.norm = RMSNorm(bc.rms_norm_eps, dt, pdt)
+        self.norm = RMSNorm(bc.rms_norm_eps, dt, pdt, kind=bc.norm_kind)
         if c.carryover:
             self.e_rej = self.param(
                 "e_rej", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), (bc.hidden_size,), pdt
@@ -106,7 +106,7 @@ class Drafter(nn.Module):
         [B, R] (the interface ablation of DVD training) are embedded by the frozen target embedding
         instead of `fc`."""
         if jnp.issubdtype(features.dtype, jnp.integer):
-            fused = jnp.take(frozen["embed"], features, axis=0).astype(dtype_of(self.cfg.backbone.dtype))
+            fused = self.embed(frozen, features)
         else:
             fused = self.fuse(features)
         return self.mark_carried(fused)
@@ -126,11 +126,19 @@ class Drafter(nn.Module):
         """Block tokens [B, T] at positions [B, T] -> final-normed hidden [B, T, d]. `block_mask`:
         None = the block attends to all of itself; [B, T, T] bool; or an int G = T/G independent blocks
         of G slots (training: each block sees only itself, without a [T, T] mask)."""
-        h = jnp.take(frozen["embed"], tokens, axis=0).astype(dtype_of(self.cfg.backbone.dtype))
+        h = self.embed(frozen, tokens)
         if block_mask is None:
             b, t = tokens.shape
             block_mask = jnp.ones((b, t, t), bool)
         return self.norm(self.layers(h, positions, block_mask, cached=cached, rows=rows))
+
+    def embed(self, frozen, tokens: Array) -> Array:
+        """The frozen target embedding of token ids (Gemma: x sqrt(d), the scale in the embedding dtype)."""
+        bc = self.cfg.backbone
+        e = jnp.take(frozen["embed"], tokens, axis=0)
+        if bc.embed_scale:
+            e = e * jnp.asarray(bc.hidden_size ** 0.5, e.dtype)
+        return e.astype(dtype_of(bc.dtype))
 
     def markov_bias(self, prev_tokens: Array) -> Array:
         return self.markov_head(prev_tokens)
@@ -159,17 +167,27 @@ class Drafter(nn.Module):
 
 
 def logits_from_hidden(h: Array, frozen) -> Array:
-    """Frozen target LM head; `head` None means tied to the embedding (no [V, d] transpose copy)."""
+    """Frozen target LM head; `head` None means tied to the embedding (no [V, d] transpose copy).
+    Soft-capped like the target's logits (Gemma); a Markov bias is added after this."""
     if frozen.get("head") is None:
-        return jnp.einsum("btd,vd->btv", h, frozen["embed"].astype(h.dtype), preferred_element_type=jnp.float32)
-    return jnp.einsum("btd,dv->btv", h, frozen["head"].astype(h.dtype), preferred_element_type=jnp.float32)
+        z = jnp.einsum("btd,vd->btv", h, frozen["embed"].astype(h.dtype), preferred_element_type=jnp.float32)
+    else:
+        z = jnp.einsum("btd,dv->btv", h, frozen["head"].astype(h.dtype), preferred_element_type=jnp.float32)
+    return cap_logits(z, frozen)
+
+
+def cap_logits(z: Array, frozen) -> Array:
+    """cap * tanh(z / cap) with the target's `final_logit_softcapping` (Gemma), else z."""
+    cap = frozen.get("softcap")
+    return z if cap is None else cap * jnp.tanh(z / cap)
 
 
 def frozen_from_target(target_params, target_cfg) -> dict:
-    """The drafter's frozen inputs: target embedding [V, d] and LM head [d, V] (None when tied)."""
+    """The drafter's frozen inputs: target embedding [V, d], LM head [d, V] (None when tied) and the
+    target's logit soft-cap (None unless Gemma)."""
     embed = target_params["embed_tokens"]["embedding"]
     head = None if target_cfg.tie_word_embeddings else target_params["lm_head"]["kernel"]
-    return {"embed": embed, "head": head}
+    return {"embed": embed, "head": head, "softcap": target_cfg.final_logit_softcapping}
 
 
 def check_pair(cfg: DrafterConfig, target_cfg) -> None:
