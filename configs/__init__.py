@@ -5,6 +5,7 @@
 - `tiny`: seconds-long smoke run of the whole pipeline (tests, CI).
 - `smollm2`: the embedded default on this CPU (SmolLM2-135M-Instruct from PyPI, ShareGPT prompts).
 - `qwen3_4b`: the paper's Qwen3-4B settings (Table 4), for a GPU pod.
+- `gemma4_12b`: the paper's Gemma 4 12B settings (DeepSpec's Gemma 4 DSpark: feature layers 5, 17, 29, 41, 46).
 
 Stages: `smollm2:dvd` / `smollm2:control` (and the same for `qwen3_4b`, `tiny`) continue the baseline
 drafter of CONFIG with DVD training and with its equal-compute control (same steps, data order and
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from carryover_jax.errors import ConfigError
 
-NAMES = ("tiny", "smollm2", "qwen3_4b")
+NAMES = ("tiny", "smollm2", "qwen3_4b", "gemma4_12b")
 
 
 def load_config(name_or_path: str):
