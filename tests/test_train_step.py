@@ -199,38 +199,52 @@ def test_lr_schedule_equals_the_deepspec_formula(lr, warmup_ratio, total):
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7 * lr)
 
 
+def _optimizer(name, cfg):
+    return {"adamw": make_optimizer(cfg, cfg.steps),
+            "lion": optax.chain(optax.clip_by_global_norm(1.0), optax.lion(1e-3)),
+            "sgd_momentum": optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(1e-2, momentum=0.9))}[name]
+
+
 @pytest.mark.parametrize("name", ["adamw", "lion", "sgd_momentum"])
 def test_optimizer_state_is_sharded_like_the_params_for_any_optax_optimizer(name):
     """Every params-shaped moment follows its param's sharding (not only Adam's mu/nu); counts are
-    replicated. A step compiled with those shardings updates the drafter as the unsharded step does."""
+    replicated."""
+    sc = step_config(TrainConfig(num_anchors=6, steps=4), TCFG, _drafter_cfg("markov", "zlab"))
+    opt = _optimizer(name, TrainConfig(steps=4))
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2, shard_drafter=True))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+        psh = drafter_shardings(sc.drafter, mesh, shard=True)
+        ssh = state_shardings(init_state(init_drafter_params(sc.drafter, jax.random.key(1)), opt, 7), psh, mesh)
+    assert any(any(a is not None for a in x.spec) for x in jax.tree_util.tree_leaves(psh))
+    # the moments, located by optax's own state types (independent of how state_shardings finds them)
+    inner = ssh.opt_state[1]
+    moments = {"adamw": lambda s: [s[0].mu, s[0].nu], "lion": lambda s: [s[0].mu],
+               "sgd_momentum": lambda s: [s[0].trace]}[name](inner)
+    for m in moments:
+        assert jax.tree_util.tree_structure(m) == jax.tree_util.tree_structure(psh)
+        assert all(a == b for a, b in zip(jax.tree_util.tree_leaves(m), jax.tree_util.tree_leaves(psh)))
+    moment_ids = {id(x) for m in moments for x in jax.tree_util.tree_leaves(m)}
+    others = [x for x in jax.tree_util.tree_leaves(ssh.opt_state) if id(x) not in moment_ids]
+    assert all(x.spec == jax.sharding.PartitionSpec() for x in others)  # counts (SGD's trace has none)
+
+
+def test_sharded_step_with_a_non_adam_optimizer_equals_unsharded():
     dc = _drafter_cfg("markov", "zlab")
     cfg = TrainConfig(num_anchors=6, steps=4)
     sc = step_config(cfg, TCFG, dc)
-    opt = {"adamw": make_optimizer(cfg, cfg.steps),
-           "lion": optax.chain(optax.clip_by_global_norm(1.0), optax.lion(1e-3)),
-           "sgd_momentum": optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(1e-2, momentum=0.9))}[name]
+    opt = _optimizer("lion", cfg)
     params = init_drafter_params(sc.drafter, jax.random.key(1))
     tp = init_params(TCFG, jax.random.key(0))
     batch = _counting_batch(np.random.default_rng(4), 8, 16)
     ref, _ = jax.jit(train_step, static_argnums=(0, 1))(sc, opt, init_state(params, opt, 7), tp, batch)
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2, shard_drafter=True))
     with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
-        psh = drafter_shardings(sc.drafter, mesh, shard=True)
         st = init_state(params, opt, 7)
-        ssh = state_shardings(st, psh, mesh)
-        # the moments, located by optax's own state types (independent of how state_shardings finds them)
-        inner = ssh.opt_state[1]
-        moments = {"adamw": lambda s: [s[0].mu, s[0].nu], "lion": lambda s: [s[0].mu],
-                   "sgd_momentum": lambda s: [s[0].trace]}[name](inner)
-        for m in moments:
-            assert jax.tree_util.tree_structure(m) == jax.tree_util.tree_structure(psh)
-            assert all(a == b for a, b in zip(jax.tree_util.tree_leaves(m), jax.tree_util.tree_leaves(psh)))
-        moment_ids = {id(x) for m in moments for x in jax.tree_util.tree_leaves(m)}
-        others = [x for x in jax.tree_util.tree_leaves(ssh.opt_state) if id(x) not in moment_ids]
-        assert all(x.spec == jax.sharding.PartitionSpec() for x in others)  # counts (SGD's trace has none)
-        assert any(any(a is not None for a in x.spec) for x in jax.tree_util.tree_leaves(psh))
-        fn = compile_step(sc, opt, mesh, ssh, target_shardings(sc.target, mesh), {"input_ids": 2, "loss_mask": 2})
-        st, _ = fn(jax.device_put(st, ssh), jax.device_put(tp, target_shardings(sc.target, mesh)),
-                   put_batch(batch, mesh))
+        ssh = state_shardings(st, drafter_shardings(sc.drafter, mesh, shard=True), mesh)
+        tsh = target_shardings(sc.target, mesh)
+        fn = compile_step(sc, opt, mesh, ssh, tsh, {"input_ids": 2, "loss_mask": 2})
+        st, _ = fn(jax.device_put(st, ssh), jax.device_put(tp, tsh), put_batch(batch, mesh))
+    mu = jax.tree_util.tree_leaves(st.opt_state[1][0].mu)
+    assert [x.sharding for x in mu] == [x.sharding for x in jax.tree_util.tree_leaves(st.params)]
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4),
                            ref.params, st.params)
