@@ -170,9 +170,9 @@ def logits_from_hidden(h: Array, frozen) -> Array:
     """Frozen target LM head; `head` None means tied to the embedding (no [V, d] transpose copy).
     Soft-capped like the target's logits (Gemma); a Markov bias is added after this."""
     if frozen.get("head") is None:
-        z = jnp.einsum("btd,vd->btv", h, frozen["embed"].astype(h.dtype), preferred_element_type=jnp.float32)
+        z = jnp.einsum("...d,vd->...v", h, frozen["embed"].astype(h.dtype), preferred_element_type=jnp.float32)
     else:
-        z = jnp.einsum("btd,dv->btv", h, frozen["head"].astype(h.dtype), preferred_element_type=jnp.float32)
+        z = jnp.einsum("...d,dv->...v", h, frozen["head"].astype(h.dtype), preferred_element_type=jnp.float32)
     return cap_logits(z, frozen)
 
 
