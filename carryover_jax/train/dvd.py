@@ -29,7 +29,8 @@ import jax.numpy as jnp
 from carryover_jax.decode.drafting import sequential_proposals
 from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden, proposal_slots
 from carryover_jax.models.layers import Blockwise
-from carryover_jax.models.target import DecoderLayer, TargetLM
+from carryover_jax.errors import ConfigError
+from carryover_jax.models.target import DecoderLayer, TargetLM, layer_type, window_masks
 from carryover_jax.train import anchors as A
 from carryover_jax.train.losses import anchor_metrics, batch_features, block_loss, chunked_rows
 
@@ -84,12 +85,17 @@ def verify_blocks(sc: StepConfig, target_params, ids: Array, anchors: Array, kee
     positions = (anchors[..., None] + jnp.arange(tv)).reshape(b, n * tv)
     a = jnp.repeat(anchors, tv, axis=1)
     prefix_mask = (jnp.arange(s)[None, None, :] < a[:, :, None]) & jnp.repeat(keep, tv, axis=1)[:, :, None]
+    if tc.sliding_window is not None and tv > tc.sliding_window:
+        raise ConfigError(f"DVD verification blocks of {tv} tokens exceed the target's sliding window "
+                          f"{tc.sliding_window}")
+    prefix_mask = window_masks(tc, prefix_mask, positions)  # Gemma: {layer type: mask}, the window cut in
     h = tm.apply({"params": target_params}, tokens, method=TargetLM.embed)
     taps = {-1: h}
     for i in range(tc.num_layers):
-        h = DecoderLayer(tc).apply({"params": target_params["layers"][str(i)]}, h, positions,
-                                   [(ks[i], vs[i], prefix_mask)], Blockwise(n, causal=True),
-                                   method=DecoderLayer.with_context)
+        pm = prefix_mask[layer_type(tc, i)] if isinstance(prefix_mask, dict) else prefix_mask
+        h = DecoderLayer(tc, i).apply({"params": target_params["layers"][str(i)]}, h, positions,
+                                      [(ks[i], vs[i], pm)], Blockwise(n, causal=True),
+                                      method=DecoderLayer.with_context)
         taps[i] = h
     feats = jnp.concatenate([taps[l] for l in layer_ids], axis=-1).reshape(b, n, tv, -1)
     if not with_hidden:
