@@ -45,6 +45,19 @@ def layer_type(cfg: TargetConfig, layer: int) -> str:
     return "sliding_attention" if cfg.is_sliding(layer) else "full_attention"
 
 
+def window_masks(cfg: TargetConfig, full, query_slots: Array):
+    """The full-attention mask, plus for a target with sliding layers the same mask cut to the
+    window: {layer type: mask}. Keys are cache slots (slot = position); `query_slots` [B, T]."""
+    if not any(cfg.is_sliding(i) for i in range(cfg.num_layers)):
+        return full
+    lower = query_slots - (cfg.sliding_window - 1)  # HF: key > query - sliding_window
+    if isinstance(full, LiveMask):
+        sliding = LiveMask(full.limit, full.chunk, lower=lower)
+    else:
+        sliding = full & (jnp.arange(full.shape[-1])[None, None, :] >= lower[:, :, None])
+    return {"full_attention": full, "sliding_attention": sliding}
+
+
 class DecoderLayer(nn.Module):
     """One decoder layer. `index` picks the layer's attention type, RoPE and shapes (Gemma); it may
     be omitted only when every layer of `cfg` is alike."""
@@ -160,17 +173,7 @@ class TargetLM(nn.Module):
         return h
 
     def masks(self, full, query_slots: Array):
-        """The full-attention mask, plus for a target with sliding layers the same mask cut to the
-        window: {layer type: mask}. Keys are cache slots (slot = position); `query_slots` [B, T]."""
-        c = self.cfg
-        if not any(c.is_sliding(i) for i in range(c.num_layers)):
-            return full
-        lower = query_slots - (c.sliding_window - 1)  # HF: key > query - sliding_window
-        if isinstance(full, LiveMask):
-            sliding = LiveMask(full.limit, full.chunk, lower=lower)
-        else:
-            sliding = full & (jnp.arange(full.shape[-1])[None, None, :] >= lower[:, :, None])
-        return {"full_attention": full, "sliding_attention": sliding}
+        return window_masks(self.cfg, full, query_slots)
 
     def features(self, tokens: Array, tap_layers: tuple[int, ...], mask: Array | None = None, *,
                  with_kv: bool = False):
