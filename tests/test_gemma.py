@@ -300,3 +300,37 @@ def test_dvd_verification_on_gemma_equals_sequential_forwards(gemma):
             np.testing.assert_allclose(feats[i, n], ref, atol=ATOL, rtol=1e-4)
             checked += s_n + 4 > WINDOW  # blocks whose queries reach past the window
     assert checked >= 3
+
+
+@pytest.mark.parametrize("kind", ["dflash", "markov"])
+def test_gemma4_drafter_deepspec_export_round_trip(gemma4, tmp_path, kind):
+    """DeepSpec's Gemma4DSparkModel layout: the target's text config with full-attention layers; the
+    import rebuilds the same drafter (config and every tensor, e_rej included)."""
+    import json
+
+    import jax
+
+    from carryover_jax.config import DrafterConfig
+    from carryover_jax.models.drafter import frozen_from_target, init_drafter_params
+    from carryover_jax.weights.drafter_formats import export_drafter, load_drafter
+
+    target = load_target(gemma4[0], tokenizer=False)
+    cfg = DrafterConfig.for_target(target.cfg, kind=kind, layout="deepspec", num_proposals=4, num_layers=2,
+                                   target_layer_ids=(0, 2), markov_rank=8 if kind == "markov" else None)
+    params = init_drafter_params(cfg, jax.random.key(3))
+    params["e_rej"] = params["e_rej"] + 0.5
+    out = export_drafter(cfg, params, tmp_path / "d", "deepspec", frozen=frozen_from_target(target.params, target.cfg),
+                         dtype=None)
+    hf = json.loads((out / "config.json").read_text())
+    assert hf["architectures"] == ["Gemma4DSparkModel"] and hf["layer_types"] == ["full_attention"] * 2
+    assert (hf["global_head_dim"], hf["num_global_key_value_heads"], hf["attention_k_eq_v"]) == (32, 1, True)
+    assert hf["rope_parameters"]["full_attention"]["rope_type"] == "proportional" and hf["mask_token_id"] == 4
+    cfg2, params2 = load_drafter(out)
+    assert cfg2 == cfg
+    flat = jax.tree_util.tree_leaves_with_path(params)
+    flat2 = dict(jax.tree_util.tree_leaves_with_path(params2))
+    assert len(flat) == len(flat2)
+    for path, leaf in flat:
+        np.testing.assert_array_equal(np.asarray(flat2[path]), np.asarray(leaf))
+    with pytest.raises(ConfigError, match="z-lab format holds Qwen3-style drafters"):
+        export_drafter(cfg.replace(kind="dflash", layout="zlab", markov_rank=0), params, tmp_path / "z", "zlab")

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from safetensors.numpy import save_file
 
-from carryover_jax.config import DrafterConfig, TargetConfig
+from carryover_jax.config import DrafterConfig, TargetConfig, gemma_draft_backbone
 from carryover_jax.errors import CarryoverError, CheckpointError, ConfigError, first_line
 from carryover_jax.io import atomic_dir, read_json
 from carryover_jax.weights.hf import hf_name, load_params, to_tensors
@@ -34,7 +34,7 @@ from carryover_jax.weights.hf import hf_name, load_params, to_tensors
 FORMATS = ("native", "zlab", "deepspec")
 CARRYOVER_FILE = "carryover.safetensors"
 CARRYOVER_TENSOR = "e_rej"
-_ARCH = {"DFlashDraftModel": "zlab", "Qwen3DSparkModel": "deepspec"}
+_ARCH = {"DFlashDraftModel": "zlab", "Qwen3DSparkModel": "deepspec", "Gemma4DSparkModel": "deepspec"}
 
 
 def drafter_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
@@ -61,6 +61,14 @@ def drafter_config_from_dict(d: dict) -> DrafterConfig:
 def _backbone_fields(cfg: DrafterConfig) -> dict:
     bc = cfg.backbone
     hf = bc.to_hf()
+    if bc.family == "gemma4":  # DeepSpec's Gemma4DSparkModel: the target's text config, full-attention layers
+        hf.update(
+            num_hidden_layers=bc.num_layers, layer_types=["full_attention"] * bc.num_layers, tie_word_embeddings=False,
+            global_head_dim=bc.head_dim, num_global_key_value_heads=bc.num_kv_heads, hidden_size_per_layer_input=0,
+            num_kv_shared_layers=0, enable_moe_block=False, use_double_wide_mlp=False,
+            num_target_layers=cfg.num_target_layers, block_size=cfg.block_size,
+        )
+        return hf
     hf.update(
         model_type="qwen3", num_hidden_layers=bc.num_layers, layer_types=["full_attention"] * bc.num_layers,
         tie_word_embeddings=False, attention_bias=False, sliding_window=None, use_sliding_window=False,
@@ -85,6 +93,8 @@ def export_config(cfg: DrafterConfig, fmt: str) -> dict:
                 f"the z-lab format holds DFlash drafters in the zlab layout; this is {cfg.kind}/{cfg.layout} "
                 "(use --format deepspec)"
             )
+        if cfg.backbone.family.startswith("gemma"):
+            raise ConfigError("the z-lab format holds Qwen3-style drafters; a Gemma drafter exports as --format deepspec")
         out.update(
             architectures=["DFlashDraftModel"],
             dflash_config={"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
@@ -95,8 +105,12 @@ def export_config(cfg: DrafterConfig, fmt: str) -> dict:
                 "the DeepSpec format holds drafters in the deepspec layout (slot k predicts the next token); "
                 "this drafter uses the zlab layout (use --format zlab)"
             )
+        if cfg.backbone.family == "gemma3":
+            raise ConfigError("DeepSpec has no Gemma 3 drafter format (its Gemma drafter is Gemma 4's); keep the "
+                              "native folder")
         out.update(
-            architectures=["Qwen3DSparkModel"], target_layer_ids=list(cfg.target_layer_ids),
+            architectures=["Gemma4DSparkModel" if cfg.backbone.family == "gemma4" else "Qwen3DSparkModel"],
+            target_layer_ids=list(cfg.target_layer_ids),
             mask_token_id=cfg.mask_token_id, num_anchors=512, enable_confidence_head=False,
             confidence_head_with_markov=False, markov_rank=cfg.markov_rank, markov_head_type="vanilla",
         )
@@ -182,8 +196,12 @@ def detect_format(folder: Path) -> str:
 
 def config_from_export(hf: dict, fmt: str, *, carryover: bool) -> DrafterConfig:
     n = hf["num_hidden_layers"]
-    backbone = TargetConfig.from_hf({**hf, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
-                                    tie_word_embeddings=False, num_layers=n)
+    if "Gemma4DSparkModel" in (hf.get("architectures") or []):
+        text = TargetConfig.from_hf({**hf, "architectures": ["Gemma4ForCausalLM"]}, num_layers=n)
+        backbone = gemma_draft_backbone(text, n)
+    else:
+        backbone = TargetConfig.from_hf({**hf, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
+                                        tie_word_embeddings=False, num_layers=n)
     if fmt == "zlab":
         dc = hf.get("dflash_config") or {}
         ids, mask = dc.get("target_layer_ids"), dc.get("mask_token_id")
