@@ -511,7 +511,7 @@ def gemma_draft_backbone(target: TargetConfig, num_layers: int) -> TargetConfig:
     added after capping)."""
     g = next((i for i in range(target.num_layers) if not target.is_sliding(i)), 0)
     return target.replace(
-        num_layers=num_layers, layer_types=(), sliding_window=None, head_dim=target.layer_head_dim(g),
+        num_layers=num_layers, layer_types=(), head_dim=target.layer_head_dim(g),
         num_kv_heads=target.layer_kv_heads(g), global_head_dim=None, num_global_kv_heads=None,
         tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
     )
