@@ -334,3 +334,94 @@ def test_gemma4_drafter_deepspec_export_round_trip(gemma4, tmp_path, kind):
         np.testing.assert_array_equal(np.asarray(flat2[path]), np.asarray(leaf))
     with pytest.raises(ConfigError, match="z-lab format holds Qwen3-style drafters"):
         export_drafter(cfg.replace(kind="dflash", layout="zlab", markov_rank=0), params, tmp_path / "z", "zlab")
+
+
+def _deepspec_gemma4_reference(folder, tokens, positions, features, feature_positions):
+    """A PyTorch forward of an exported Gemma4DSparkModel folder, written from DeepSpec's
+    `deepspec/modeling/dspark/gemma4/modeling.py` on transformers' own Gemma 4 building blocks
+    (scaled embedding, Gemma4RMSNorm, Gemma4TextMLP, the full-attention rotary embedding):
+    context C = hidden_norm(fc(features)); each layer: q = q_norm(q_proj(x)), k = k_norm(k_proj([C; x])),
+    v = v_norm(k_proj or v_proj([C; x])), RoPE at [context positions; block positions], attention scale 1,
+    non-causal over [C; block]; sandwich norms; x layer_scalar; logits = cap * tanh(lm_head(norm(h)) / cap)."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers.models.gemma4 import modeling_gemma4 as G
+
+    hf = json.loads((folder / "config.json").read_text())
+    cfg = transformers.Gemma4TextConfig(**{k: v for k, v in hf.items() if k != "architectures"})
+    w = load_file(str(folder / "model.safetensors"))
+    d, eps = cfg.hidden_size, cfg.rms_norm_eps
+
+    def norm(x, name=None):
+        n = G.Gemma4RMSNorm(x.shape[-1], eps=eps, with_scale=name is not None)
+        if name is not None:
+            n.weight.data.copy_(w[name])
+        return n(x)
+
+    def lin(x, name):
+        return x @ w[name].T
+
+    rope = G.Gemma4TextRotaryEmbedding(cfg)
+    hd, nh = hf["global_head_dim"], cfg.num_attention_heads
+    nkv = hf["num_global_key_value_heads"] if cfg.attention_k_eq_v else cfg.num_key_value_heads
+    with torch.no_grad():
+        x = torch.as_tensor(tokens)
+        h = w["embed_tokens.weight"][x] * torch.tensor(d ** 0.5).to(w["embed_tokens.weight"].dtype)
+        c = norm(lin(torch.as_tensor(features), "fc.weight"), "hidden_norm.weight")
+        b, t, s = h.shape[0], h.shape[1], c.shape[1]
+        pos = torch.cat([torch.as_tensor(feature_positions), torch.as_tensor(positions)], 1)
+        cos, sin = rope(h, pos, "full_attention")
+        for i in range(cfg.num_hidden_layers):
+            p = f"layers.{i}."
+            a = norm(h, p + "input_layernorm.weight")
+            q = norm(lin(a, p + "self_attn.q_proj.weight").view(b, t, nh, hd), p + "self_attn.q_norm.weight")
+            both = torch.cat([c, a], 1)
+            k = lin(both, p + "self_attn.k_proj.weight")
+            v = k if cfg.attention_k_eq_v else lin(both, p + "self_attn.v_proj.weight")
+            k = norm(k.view(b, s + t, nkv, hd), p + "self_attn.k_norm.weight")
+            v = norm(v.view(b, s + t, nkv, hd))
+            q = G.apply_rotary_pos_emb(q.transpose(1, 2), cos[:, -t:], sin[:, -t:], unsqueeze_dim=1)
+            k = G.apply_rotary_pos_emb(k.transpose(1, 2), cos, sin, unsqueeze_dim=1)
+            v = v.transpose(1, 2)
+            k, v = (z.repeat_interleave(nh // nkv, dim=1) for z in (k, v))
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)
+            o = lin(o.transpose(1, 2).reshape(b, t, nh * hd), p + "self_attn.o_proj.weight")
+            h = h + norm(o, p + "post_attention_layernorm.weight")
+            mlp = G.Gemma4TextMLP(cfg, i)
+            for n_ in ("gate_proj", "up_proj", "down_proj"):
+                getattr(mlp, n_).weight.data.copy_(w[p + f"mlp.{n_}.weight"])
+            h = h + norm(mlp(norm(h, p + "pre_feedforward_layernorm.weight")), p + "post_feedforward_layernorm.weight")
+            h = h * w[p + "layer_scalar"]
+        z = lin(norm(h, "norm.weight"), "lm_head.weight")
+        cap = cfg.final_logit_softcapping
+        return (cap * torch.tanh(z / cap)).numpy()
+
+
+def test_gemma4_drafter_equals_a_deepspec_style_pytorch_forward(gemma4, tmp_path):
+    """The JAX drafter forward on a Gemma 4 target == the exported DeepSpec checkpoint run by a PyTorch
+    reference on transformers' Gemma 4 modules (scaled anchor/MASK embeddings, global geometry, K=V,
+    v_norm, proportional RoPE, sandwich norms, layer scalar, soft-capped logits)."""
+    import jax
+
+    from carryover_jax.config import DrafterConfig
+    from carryover_jax.models.drafter import Drafter, frozen_from_target, init_drafter_params
+    from carryover_jax.weights.drafter_formats import export_drafter
+
+    target = load_target(gemma4[0], tokenizer=False)
+    cfg = DrafterConfig.for_target(target.cfg, kind="dflash", layout="deepspec", num_proposals=4, num_layers=2,
+                                   target_layer_ids=(0, 2), carryover=False)
+    params = init_drafter_params(cfg, jax.random.key(5))
+    rng = np.random.default_rng(10)  # norms start at 1 and the layer scalars at 1: perturb every leaf
+    params = jax.tree_util.tree_map(lambda x: x + 0.1 * rng.standard_normal(x.shape).astype(np.float32), params)
+    frozen = frozen_from_target(target.params, target.cfg)
+    out = export_drafter(cfg, params, tmp_path / "d", "deepspec", frozen=frozen, dtype=None)
+    s, t = 6, cfg.block_size
+    features = rng.standard_normal((1, s, cfg.feature_dim)).astype(np.float32)
+    fpos = np.arange(s)[None].astype(np.int32)
+    tokens = np.array([[17] + [cfg.mask_token_id] * (t - 1)], np.int32)
+    pos = (s + np.arange(t))[None].astype(np.int32)
+    ours = Drafter(cfg).apply({"params": params}, jnp.asarray(tokens), jnp.asarray(pos), frozen, jnp.asarray(features),
+                              jnp.asarray(fpos), jnp.ones((1, t, s), bool))
+    ref = _deepspec_gemma4_reference(out, tokens, pos, features, fpos)
+    np.testing.assert_allclose(np.asarray(ours), ref, atol=ATOL, rtol=1e-4)
