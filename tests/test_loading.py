@@ -104,7 +104,7 @@ def test_cli_bad_input_is_one_line_and_nonzero(tmp_path):
     assert proc.returncode == 2
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert lines == [f"carryover generate: error: no such target: '{tmp_path / 'missing'}' "
-                     "(not a path, and known aliases are smollm2)"]
+                     "(not a path, and known aliases are smollm2, gemma3-270m)"]
 
 
 def test_atomic_dir_keeps_the_previous_folder_and_cleans_dead_writers(tmp_path):
