@@ -176,9 +176,10 @@ def _cmd_bench(args) -> int:
         else:
             print("bench decode: no --drafter given; using an untrained random drafter (tau ~ 1): the numbers "
                   "then measure engine overheads, not speedups", file=sys.stderr)
-            drafter = init_drafter(target, kind="dflash", layout="zlab",
-                                   **({"num_proposals": args.proposals, "num_layers": args.draft_layers}
-                                      if args.breakdown else {}))
+            shape = {"num_proposals": args.proposals, "num_layers": args.draft_layers} if args.breakdown else {}
+            if args.draft_vocab:  # timing only: which K ids does not matter
+                shape["draft_vocab"] = tuple(range(args.draft_vocab))
+            drafter = init_drafter(target, kind="dflash", layout="zlab", **shape)
         if args.breakdown:
             result = decode.breakdown(target, drafter, max_lens=tuple(args.max_lens),
                                       repeats=args.repeats if args.repeats > 1 else 25)
@@ -207,7 +208,7 @@ def _cmd_bench(args) -> int:
         return 0
     if args.what == "train":
         from carryover_jax.bench import train as bench_train
-        from carryover_jax.config import DrafterConfig, apply_overrides, preset
+        from carryover_jax.config import apply_overrides, preset
         from carryover_jax.configs import load_config
 
         cfg = apply_overrides(load_config(args.config), args.set or [])
@@ -215,10 +216,7 @@ def _cmd_bench(args) -> int:
         result = (bench_train.run_dvd if dvd else bench_train.run)(cfg, steps=args.steps)
         paper = load_config("qwen3_4b")
         q = preset("qwen3-4b")
-        spec = paper.drafter
-        dcfg = DrafterConfig.for_target(q, kind=spec.kind, layout=spec.layout, num_proposals=spec.num_proposals,
-                                        num_layers=spec.num_layers, target_layer_ids=spec.target_layer_ids,
-                                        mask_token_id=spec.mask_token_id, markov_rank=spec.markov_rank)
+        dcfg = paper.drafter.build(q)
         result["qwen3_4b_memory_per_device"] = bench_train.memory_estimate(paper, q, dcfg, devices=args.devices,
                                                                            dvd=dvd)
         for r in result["rows"]:
@@ -333,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--breakdown", action="store_true", help="bench decode: AR step / draft / verify / round times "
                    "and ratios at several cache sizes (--max-lens; --proposals, --draft-layers for the random drafter)")
     b.add_argument("--max-lens", type=int, nargs="+", default=[256, 1024, 4096], help="bench decode --breakdown")
+    b.add_argument("--draft-vocab", type=int, default=0, metavar="K",
+                   help="bench decode: the random drafter proposes from a draft vocabulary of K tokens")
     _add_target_args(b)  # --dtype also sets bench steps' dtype (default bfloat16)
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     b.add_argument("--max-new-tokens", type=int, default=64)

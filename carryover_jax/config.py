@@ -423,6 +423,10 @@ class DrafterConfig:
     backbone: TargetConfig
     markov_rank: int = 0
     carryover: bool = True  # owns the learned e_rej embedding
+    # EAGLE-3's draft vocabulary: target token ids (sorted) the drafter proposes from, through its own
+    # `lm_head` over these rows (initialised from the target's); () = the target's whole frozen head.
+    # Verification is unchanged, so decoding stays lossless; only proposals outside the set are lost.
+    draft_vocab: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.kind not in DRAFTER_KINDS:
@@ -449,6 +453,14 @@ class DrafterConfig:
                 raise ConfigError(f"target layer id {l} out of range [-1, {last - 1}]")
         if not 0 <= self.mask_token_id < self.backbone.vocab_size:
             raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary")
+        v = self.draft_vocab
+        if v:
+            if self.markov_rank:
+                raise ConfigError("a draft vocabulary is supported for dflash drafters only (the Markov head "
+                                  "maps the whole target vocabulary)")
+            if len(v) < 2 or list(v) != sorted(set(v)) or v[0] < 0 or v[-1] >= self.backbone.vocab_size:
+                raise ConfigError(f"draft_vocab must hold >= 2 strictly increasing target ids in "
+                                  f"[0, {self.backbone.vocab_size}), got {len(v)} ids")
 
     @property
     def num_proposals(self) -> int:
@@ -458,6 +470,10 @@ class DrafterConfig:
     @property
     def hidden_size(self) -> int:
         return self.backbone.hidden_size
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return len(self.draft_vocab) or self.backbone.vocab_size
 
     @property
     def feature_dim(self) -> int:
@@ -479,6 +495,7 @@ class DrafterConfig:
         mask_token_id: int | None = None,
         markov_rank: int | None = None,
         carryover: bool = True,
+        draft_vocab: tuple[int, ...] = (),
     ) -> "DrafterConfig":
         """The paper's setting by default: 15 proposals, 5 draft layers, z-lab feature layers."""
         if mask_token_id is None:
@@ -498,7 +515,7 @@ class DrafterConfig:
             target_layer_ids=tuple(target_layer_ids or zlab_layer_ids(target.num_layers)),
             num_target_layers=target.num_layers, mask_token_id=mask_token_id, backbone=backbone,
             markov_rank=(256 if kind == "markov" else 0) if markov_rank is None else markov_rank,
-            carryover=carryover,
+            carryover=carryover, draft_vocab=tuple(int(i) for i in draft_vocab),
         )
 
 
@@ -565,6 +582,19 @@ class DrafterSpec:
     mask_token_id: int | None = None  # None: the target's default (see loading.default_mask_token_id)
     markov_rank: int | None = None  # None: 256 for markov
     carryover: bool = True
+    # > 0: propose from the K most frequent target tokens of the training responses (EAGLE-3's draft
+    # vocabulary; `DrafterConfig.draft_vocab`), chosen from the response store when the drafter is built
+    draft_vocab_size: int = 0
+
+    def build(self, target: TargetConfig, default_mask_token_id: int | None = None,
+              draft_vocab: tuple[int, ...] = ()) -> DrafterConfig:
+        """The DrafterConfig this spec describes for `target` (the spec's MASK id wins over the default)."""
+        mask = self.mask_token_id if self.mask_token_id is not None else default_mask_token_id
+        return DrafterConfig.for_target(
+            target, kind=self.kind, layout=self.layout, num_proposals=self.num_proposals, num_layers=self.num_layers,
+            target_layer_ids=self.target_layer_ids, mask_token_id=mask, markov_rank=self.markov_rank,
+            carryover=self.carryover, draft_vocab=draft_vocab,
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -609,6 +639,9 @@ class TrainConfig:
     log_every: int = 10
     save_every: int = 200
     keep_checkpoints: int = 3
+    # > 0: also write the drafter every N steps to <out_dir>/snapshots/step_NNNNNN (a native drafter
+    # folder each), for the tau/speed-against-training-time curve (`carryover eval --curve`)
+    snapshot_every: int = 0
     async_checkpointing: bool = True
 
     def __post_init__(self):

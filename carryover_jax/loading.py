@@ -13,7 +13,7 @@ import jax
 from carryover_jax.config import MASK_TOKEN_IDS, DrafterConfig, TargetConfig
 from carryover_jax.errors import CarryoverError, CheckpointError, RequestError, first_line
 from carryover_jax.io import read_json
-from carryover_jax.models.drafter import check_pair, init_drafter_params
+from carryover_jax.models.drafter import check_pair, frozen_from_target, init_drafter_params, with_draft_head
 from carryover_jax.models.target import TargetLM, abstract_params
 from carryover_jax.weights import drafter_formats
 from carryover_jax.weights.hf import load_params, read_config
@@ -156,11 +156,13 @@ def default_mask_token_id(target: Target) -> int:
 
 
 def init_drafter(target: Target, *, seed: int = 0, mask_token_id: int | None = None, **kw) -> DraftModel:
-    """A randomly initialised drafter for `target` (kw: kind, layout, num_proposals, num_layers, ...)."""
+    """A randomly initialised drafter for `target` (kw: kind, layout, num_proposals, num_layers,
+    draft_vocab, ...); a draft vocabulary's `lm_head` starts as the target head's rows."""
     if mask_token_id is None:
         mask_token_id = default_mask_token_id(target)
     cfg = DrafterConfig.for_target(target.cfg, mask_token_id=mask_token_id, **kw)
-    return DraftModel(cfg, init_drafter_params(cfg, jax.random.key(seed)))
+    params = init_drafter_params(cfg, jax.random.key(seed))
+    return DraftModel(cfg, with_draft_head(cfg, params, frozen_from_target(target.params, target.cfg)))
 
 
 def load_drafter(path: str | os.PathLike, *, carryover: bool | None = None, layout: str | None = None,

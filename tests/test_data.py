@@ -176,6 +176,11 @@ def test_store_meta_mismatch_and_bad_records(tmp_path):
         ResponseStore.create_or_open(path, meta={"target": "a", "layers": [1, 3]})
     with pytest.raises(CarryoverError, match="feature_dim: stored None, requested 8"):
         ResponseStore.create_or_open(path, feature_dim=8, hidden=4, meta={"target": "a", "layers": [1, 2]})
+    # a field added to the config after the store was written opens when it has its default value
+    new = {"target": "a", "layers": [1, 2], "cfg": {"window": None}}
+    ResponseStore.create_or_open(path, meta=new, meta_defaults={"cfg": {"window": None}})
+    with pytest.raises(CarryoverError, match=r"cfg.window: stored None, requested 512"):
+        ResponseStore.create_or_open(path, meta={**new, "cfg": {"window": 512}}, meta_defaults={"cfg": {"window": None}})
     s = ResponseStore.create_or_open(path, meta={"target": "a", "layers": [1, 2]})
     with pytest.raises(CarryoverError, match="equally long"):
         s.append([{"id": "x", "input_ids": [1, 2], "loss_mask": [1]}])

@@ -38,9 +38,8 @@ def _jax_logits(cfg, params, frozen, x, with_carried):
     fmask = np.broadcast_to((np.arange(S)[None] < x["ctx_len"][:, None])[:, None], (B, t, S))
     kw = {}
     if with_carried:
-        cmask = np.broadcast_to((np.arange(p)[None] < x["count"][:, None])[:, None], (B, t, p))
         kw = dict(carried=jnp.asarray(x["carried"]), carried_positions=jnp.asarray(x["cpos"]),
-                  carried_mask=jnp.asarray(cmask))
+                  carried_valid=jnp.asarray(np.arange(p)[None] < x["count"][:, None]))
     return np.asarray(Drafter(cfg).apply(
         {"params": params}, jnp.asarray(x["tokens"]), jnp.asarray(x["positions"]), frozen, jnp.asarray(x["feats"]),
         jnp.broadcast_to(jnp.arange(S)[None], (B, S)), jnp.asarray(fmask), **kw))

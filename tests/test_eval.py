@@ -253,13 +253,13 @@ def test_replay_matches_the_engines_own_drafts(tiny_llama, tmp_path):
     target = load_target(tiny_llama.path, tokenizer=False)
     d = load_drafter(_save_drafter(target, tmp_path / "c", carryover=True, seed=3), carryover=True)
     tp, dp = target.params, d.params
-    sc_on = sp.SpecConfig(target=target.cfg, drafter=d.cfg, carryover=True)
-    sc_off = sp.SpecConfig(target=target.cfg, drafter=d.cfg, carryover=False)
+    sc_on = sp.SpecConfig(target=target.cfg, drafter=d.cfg, attend_carried=True)
+    sc_off = sp.SpecConfig(target=target.cfg, drafter=d.cfg, attend_carried=False)
     rng = np.random.default_rng(4)
     ids = [rng.integers(3, 97, n).tolist() for n in (5, 9, 7)]
     s = sp.prefill(sc_on, tp, dp, jax.numpy.asarray(pad_batch(ids, 16)), jax.numpy.asarray([5, 9, 7], np.int32),
                    jax.numpy.full((3,), 40, np.int32), jax.numpy.zeros((3,), np.float32),
-                   jax.numpy.full((8,), -1, np.int32), jax.random.key(0), max_len=64, out_len=32, max_rounds=32)
+                   jax.numpy.full((8,), -1, np.int32), jax.random.key(0), max_len=64, out_size=32, max_rounds=32)
     differs = False
     for _ in range(4):
         toks_on, q, s_next = sp.draft_step(sc_on, tp, dp, s)
@@ -317,11 +317,11 @@ def test_reconvergence_counts_on_a_hand_made_round_log():
 
     P = 4
     final = [9, 1, 2, 7, 3, 4, 5, 6, 8]  # committed tokens of one row (out index 0 = prefill token)
-    # round 1: anchor at out index 0 (out_len 1), drafts [1, 5, 3, 4]: a = 1 (1 ok, 5 != 2);
+    # round 1: anchor at out index 0 (num_out 1), drafts [1, 5, 3, 4]: a = 1 (1 ok, 5 != 2);
     #   rejected suffix after the first: 3 at index 3 (final 7: not aligned), 4 at index 4 (final 3: no);
     #   the next 4 committed after the correction (index 2) are [7, 3, 4, 5]: both 3 and 4 reappear.
-    # round 2: out_len 3, drafts [7, 3, 4, 5]: a = 4 = P, nothing rejected.
-    # round 3: out_len 8, drafts [0, 8, 0, 0]: a = 0; offsets 1..3 at indices 9..11 are past the end.
+    # round 2: num_out 3, drafts [7, 3, 4, 5]: a = 4 = P, nothing rejected.
+    # round 3: num_out 8, drafts [0, 8, 0, 0]: a = 0; offsets 1..3 at indices 9..11 are past the end.
     rounds_log = [(np.array([1]), np.array([True]), np.array([[1, 5, 3, 4]])),
                   (np.array([3]), np.array([True]), np.array([[7, 3, 4, 5]])),
                   (np.array([8]), np.array([True]), np.array([[0, 8, 0, 0]]))]
@@ -353,3 +353,33 @@ def test_eval_sampling_passes_on_tiny_models(tiny_llama, tmp_path):
     from carryover_jax.eval.report import render_markdown
 
     assert "No T = 0 pass was run" in render_markdown(result)
+
+
+def test_training_curve_from_snapshots(tok_target, tmp_path):
+    """`carryover eval --curve RUN`: every snapshot and the final drafter are arms; rows join their
+    T = 0 tau/speedup with training minutes summed from the run's logged steps/s."""
+    from carryover_jax import load_target
+    from carryover_jax.cli import main
+
+    target = load_target(tok_target, tokenizer=False)
+    run = tmp_path / "run"
+    _save_drafter(target, run / "snapshots" / "step_000002", seed=1)
+    _save_drafter(target, run / "snapshots" / "step_000004", seed=2)
+    _save_drafter(target, run / "drafter", seed=3)
+    metrics = [{"step": s, "loss": 1.0, "steps_per_s": sps} for s, sps in ((2, 0.5), (4, 0.25), (6, 1.0))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics) + '{"step": 7, "lo')
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w5 w6 w7 w8 w9 w10"}\n')
+    out = tmp_path / "eval"
+    assert main(["eval", "--target", str(tok_target), "--curve", str(run), "--datasets", f"mine={prompts}",
+                 "--max-new-tokens", "8", "--temperatures", "0", "--batch-sizes", "--quiet", "--out", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert [d["label"] for d in result["drafters"]] == ["step2", "step4", "step6"]
+    # 2 steps at 0.5/s = 4 s; + 2 at 0.25/s = 12 s; + 2 at 1/s = 14 s
+    assert [(r["step"], r["train_minutes"]) for r in result["curve"]] == [(2, round(4 / 60, 2)),
+                                                                           (4, round(12 / 60, 2)),
+                                                                           (6, round(14 / 60, 2))]
+    cells = result["summary"]["temperatures"]["0"]["datasets"]["all"]
+    assert [r["tau"] for r in result["curve"]] == [cells[f"step{s}"]["tau"] for s in (2, 4, 6)]
+    assert "τ and speedup against training time" in (out / "report.md").read_text()
+    assert (out / "curve.png").is_file()

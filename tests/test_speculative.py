@@ -42,11 +42,11 @@ def _state_after_prefill(target, drafter, prompts, max_new, P, carryover=True):
     from carryover_jax.decode import speculative as sp
     from carryover_jax.decode.generate import pad_batch
 
-    sc = sp.SpecConfig(target=target.cfg, drafter=drafter[0], carryover=carryover)
+    sc = sp.SpecConfig(target=target.cfg, drafter=drafter[0], attend_carried=carryover)
     lens = [len(p) for p in prompts]
     state = sp.prefill(sc, target.params, drafter[1], jnp.asarray(pad_batch(prompts, 16)), jnp.asarray(lens, jnp.int32),
                        jnp.asarray(max_new, jnp.int32), jnp.zeros((len(prompts),)), jnp.asarray([-1] * 8, jnp.int32),
-                       jax.random.key(0), max_len=96, out_len=64, max_rounds=64)
+                       jax.random.key(0), max_len=96, out_size=64, max_rounds=64)
     return sc, state
 
 
@@ -72,7 +72,7 @@ def test_verify_commits_rolls_back_and_carries_exactly(tiny_qwen3):
     anchor0 = np.asarray(s.anchor)  # verify_step donates the state
     s2 = sp.verify_step(sc, target.params, drafter[1], s, props, None)
     a = np.asarray(want_a)
-    np.testing.assert_array_equal(np.asarray(s2.out_len), 1 + a + 1)
+    np.testing.assert_array_equal(np.asarray(s2.num_out), 1 + a + 1)
     for i, r in enumerate(ar):
         assert np.asarray(s2.out[i, : 2 + a[i]]).tolist() == r.token_ids[: 2 + a[i]]
     np.testing.assert_array_equal(np.asarray(s2.target_cache.lengths), lens0 + a + 1)
@@ -118,7 +118,7 @@ def test_oracle_rounds_reproduce_ar_with_stops_and_limits(tiny_llama, carryover)
             break
         props = []
         for i, f in enumerate(free):
-            n = int(s.out_len[i])
+            n = int(s.num_out[i])
             truth = (f.token_ids + [0] * 64)[n: n + P]
             bad = rng.integers(0, P + 2)
             props.append([t if j < bad else (t + 3) % 97 for j, t in enumerate(truth)])
@@ -126,8 +126,8 @@ def test_oracle_rounds_reproduce_ar_with_stops_and_limits(tiny_llama, carryover)
         s = sp.verify_step(sc, target.params, drafter[1], s, jnp.asarray(props, jnp.int32), None)
     assert bool(jnp.all(s.done))
     for i, r in enumerate(ref):
-        assert np.asarray(s.out[i, : int(s.out_len[i])]).tolist() == r.token_ids
-    assert float(np.sum(np.asarray(s.out_len) - 1) / np.sum(np.asarray(s.rounds))) > 2.0
+        assert np.asarray(s.out[i, : int(s.num_out[i])]).tolist() == r.token_ids
+    assert float(np.sum(np.asarray(s.num_out) - 1) / np.sum(np.asarray(s.rounds))) > 2.0
 
 
 def test_rounds_compile_once(tiny_llama):

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from carryover_jax.config import DataConfig, DrafterSpec, TrainConfig
@@ -74,3 +75,15 @@ def test_bad_store_is_a_clear_error(tiny_llama, tmp_path):
 
     with pytest.raises(CarryoverError, match=r"no such response store .*missing.*carryover prepare"):
         train(_cfg(tiny_llama, tmp_path / "missing", tmp_path / "x"), progress=False)
+
+
+def test_snapshots_are_written_every_n_steps(tiny_llama, store, tmp_path):
+    from carryover_jax import load_drafter
+
+    train(_cfg(tiny_llama, store, tmp_path / "s", snapshot_every=3), progress=False)
+    snaps = sorted(p.name for p in (tmp_path / "s" / "snapshots").iterdir())
+    assert snaps == ["step_000003", "step_000006"]  # the last step is the final drafter itself
+    params = [load_drafter(tmp_path / "s" / "snapshots" / s).params for s in snaps]
+    params.append(load_drafter(tmp_path / "s" / "drafter").params)
+    fc = [np.asarray(p["fc"]["kernel"]) for p in params]
+    assert not np.array_equal(fc[0], fc[1]) and not np.array_equal(fc[1], fc[2])  # training moved on between them

@@ -126,7 +126,7 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
     are the numbers to compare. Also reports how many times each jitted step compiled (once per
     max_len is the contract) and that repeated calls compile nothing new."""
     tcfg, tp, dcfg, dp = target.cfg, target.params, drafter.cfg, drafter.params
-    sc = sp.SpecConfig(target=tcfg, drafter=dcfg, carryover=carryover and dcfg.carryover)
+    sc = sp.SpecConfig(target=tcfg, drafter=dcfg, attend_carried=carryover and dcfg.carryover)
     rng = np.random.default_rng(0)
     bucket = next_bucket(prompt_len)
     tokens = np.zeros((batch, bucket), np.int32)
@@ -146,12 +146,12 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
     for L in max_lens:
         cache, logits = ar.prefill(tcfg, tp, tokens, lens, max_len=L)
         s = sp.prefill(sc, tp, dp, tokens, lens, jnp.full((batch,), 10 ** 6, jnp.int32), jnp.zeros((batch,)),
-                       jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=L, out_len=1024, max_rounds=8)
+                       jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=L, out_size=1024, max_rounds=8)
         boxes[L] = {"cache": cache, "tok": jnp.argmax(logits, -1).astype(jnp.int32), "s": s}
 
     def reset(s):
         return s.replace(target_cache=s.target_cache.with_lengths(lens + 0),
-                         draft_cache=s.draft_cache.with_lengths(lens + 0), out_len=jnp.ones_like(s.out_len),
+                         draft_cache=s.draft_cache.with_lengths(lens + 0), num_out=jnp.ones_like(s.num_out),
                          rounds=jnp.zeros_like(s.rounds), done=jnp.zeros_like(s.done))
 
     def ar_step(bx):
@@ -165,7 +165,7 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
 
     def verify(bx):
         bx["s"] = sp.verify_step(sc, tp, dp, reset(bx["s"]), bx["toks"], bx["q"])
-        return bx["s"].out_len
+        return bx["s"].num_out
 
     def round_(bx):
         draft(bx)
@@ -193,7 +193,8 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
     growth = {k: round(last[f"{k}_ms"] / first[f"{k}_ms"] - 1, 3) for k in fns}
     out = {"benchmark": "decode-breakdown", "target": str(target.path),
            "drafter": {"kind": dcfg.kind, "layout": dcfg.layout, "proposals": dcfg.num_proposals,
-                       "layers": dcfg.backbone.num_layers}, "carryover": sc.carryover, "batch": batch,
+                       "layers": dcfg.backbone.num_layers, "draft_vocab": dcfg.draft_vocab_size},
+           "carryover": sc.attend_carried, "batch": batch,
            "prompt_len": prompt_len, "repeats": repeats, "device": str(jax.devices()[0]), "rows": rows,
            f"growth_{first['max_len']}_to_{last['max_len']}": growth}
     if before is not None:
@@ -205,7 +206,8 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
 def format_breakdown(r: dict[str, Any]) -> str:
     d = r["drafter"]
     lines = [f"batch {r['batch']}, prompt {r['prompt_len']} tokens, drafter {d['kind']}/{d['layout']} "
-             f"{d['proposals']} proposals {d['layers']} layers, carryover={r['carryover']}, medians of "
+             f"{d['proposals']} proposals {d['layers']} layers, draft vocabulary {d.get('draft_vocab', 'all')}, "
+             f"carryover={r['carryover']}, medians of "
              f"{r['repeats']} interleaved calls, {r['device']}",
              "| max_len | AR step ms | draft ms | verify ms | round ms | draft/AR | verify/AR | round/AR |",
              "|---|---|---|---|---|---|---|---|"]

@@ -60,7 +60,7 @@ def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab",
     prompt = jnp.asarray(rng.integers(10, tcfg.vocab_size, (batch, context)), jnp.int32)
     lens = jnp.full((batch,), context, jnp.int32)
     max_len = next_bucket(context + 4 * (proposals + 1) * (repeats + 4))
-    sc = sp.SpecConfig(target=tcfg, drafter=dcfg, carryover=True)
+    sc = sp.SpecConfig(target=tcfg, drafter=dcfg, attend_carried=True)
     out: dict[str, Any] = {"target": _describe(tcfg), "drafter": f"{kind}/{layout}, {proposals} proposals, "
                            f"{draft_layers} layers", "batch": batch, "context": context, "device": str(jax.devices()[0])}
 
@@ -78,12 +78,12 @@ def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab",
 
     # draft / verify / round (lengths reset each time so the context stays at `context`)
     s0 = sp.prefill(sc, tp, dp, prompt, lens, jnp.full((batch,), 10 ** 6, jnp.int32), jnp.zeros((batch,)),
-                    jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=max_len, out_len=1024, max_rounds=8)
+                    jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=max_len, out_size=1024, max_rounds=8)
     box = {"s": s0}
 
     def reset(s):
         return s.replace(target_cache=s.target_cache.with_lengths(lens + 0), draft_cache=s.draft_cache.with_lengths(lens + 0),
-                         out_len=jnp.ones_like(s.out_len), rounds=jnp.zeros_like(s.rounds))
+                         num_out=jnp.ones_like(s.num_out), rounds=jnp.zeros_like(s.rounds))
 
     def draft():
         toks, q, box["s"] = sp.draft_step(sc, tp, dp, reset(box["s"]))
@@ -92,7 +92,7 @@ def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab",
 
     def verify():
         box["s"] = sp.verify_step(sc, tp, dp, reset(box["s"]), box["toks"], box["q"])
-        return box["s"].out_len
+        return box["s"].num_out
 
     def round_():
         draft()

@@ -46,20 +46,20 @@ def step(cfg: TargetConfig, params, cache: KVCache, tokens: Array, active: Array
 class ARState:
     cache: KVCache
     out: Array  # [B, N] generated tokens (stop token included), padded
-    num: Array  # [B] tokens generated so far
+    num_out: Array  # [B] tokens generated so far
     done: Array  # [B]
     last: Array  # [B] token to feed next
     rng: Array
 
 
-def start_state(first_logits, cache, *, rng, temperature, max_new, stop_ids, out_len: int, top_k=0, top_p=1.0):
+def start_state(first_logits, cache, *, rng, temperature, max_new, stop_ids, out_size: int, top_k=0, top_p=1.0):
     rng, sub = jax.random.split(rng)
     tok = sample(sub, first_logits, temperature, top_k, top_p)
     b = tok.shape[0]
-    out = jnp.zeros((b, out_len), jnp.int32).at[:, 0].set(tok)
-    num = jnp.ones((b,), jnp.int32)
-    done = is_stop(tok, stop_ids) | (num >= max_new)
-    return ARState(cache, out, num, done, tok, rng)
+    out = jnp.zeros((b, out_size), jnp.int32).at[:, 0].set(tok)
+    num_out = jnp.ones((b,), jnp.int32)
+    done = is_stop(tok, stop_ids) | (num_out >= max_new)
+    return ARState(cache, out, num_out, done, tok, rng)
 
 
 def ar_body(cfg: TargetConfig, params, s: ARState, *, temperature, max_new, stop_ids, top_k=0, top_p=1.0) -> ARState:
@@ -68,23 +68,23 @@ def ar_body(cfg: TargetConfig, params, s: ARState, *, temperature, max_new, stop
     cache = new.with_lengths(s.cache.lengths + active.astype(jnp.int32))
     rng, sub = jax.random.split(s.rng)
     tok = sample(sub, logits[:, 0], temperature, top_k, top_p)
-    idx = jnp.minimum(s.num, s.out.shape[1] - 1)
+    idx = jnp.minimum(s.num_out, s.out.shape[1] - 1)
     write = jnp.where(active, tok, s.out[jnp.arange(tok.shape[0]), idx])
     out = s.out.at[jnp.arange(tok.shape[0]), idx].set(write)
-    num = s.num + active.astype(jnp.int32)
-    done = s.done | (active & (is_stop(tok, stop_ids) | (num >= max_new)))
+    num_out = s.num_out + active.astype(jnp.int32)
+    done = s.done | (active & (is_stop(tok, stop_ids) | (num_out >= max_new)))
     last = jnp.where(active, tok, s.last)
-    return ARState(cache, out, num, done, last, rng)
+    return ARState(cache, out, num_out, done, last, rng)
 
 
 @functools.partial(
-    jax.jit, static_argnames=("cfg", "out_len", "top_k", "top_p"), donate_argnames=("cache",)
+    jax.jit, static_argnames=("cfg", "out_size", "top_k", "top_p"), donate_argnames=("cache",)
 )
 def generate_loop(cfg: TargetConfig, params, cache: KVCache, first_logits: Array, rng: Array, temperature: Array,
-                  max_new: Array, stop_ids: Array, *, out_len: int, top_k: int = 0, top_p: float = 1.0) -> ARState:
+                  max_new: Array, stop_ids: Array, *, out_size: int, top_k: int = 0, top_p: float = 1.0) -> ARState:
     """All decoding after prefill in one `lax.while_loop` (no host round-trips)."""
     kw = dict(temperature=temperature, max_new=max_new, stop_ids=stop_ids, top_k=top_k, top_p=top_p)
-    s0 = start_state(first_logits, cache, rng=rng, out_len=out_len, **kw)
+    s0 = start_state(first_logits, cache, rng=rng, out_size=out_size, **kw)
     return jax.lax.while_loop(
         lambda s: ~jnp.all(s.done), lambda s: ar_body(cfg, params, s, **kw), s0
     )

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from carryover_jax.config import DrafterConfig
 from carryover_jax.decode.sampling import probs, sample
 from carryover_jax.models.cache import KVCache, write_chunk
-from carryover_jax.models.drafter import Drafter, cap_logits, logits_from_hidden, proposal_slots
+from carryover_jax.models.drafter import (Drafter, cap_logits, carried_segment_mask, logits_from_hidden,
+                                          proposal_slots, to_target_ids, to_target_probs)
 from carryover_jax.models.layers import LiveMask, dtype_of, tied_logits
 
 Array = jax.Array
@@ -67,7 +68,8 @@ def block_tokens(cfg: DrafterConfig, anchor: Array) -> Array:
 def draft_block_logits(cfg: DrafterConfig, params, frozen, cache: KVCache, anchor: Array,
                        carried: Array | None = None, rejected_count: Array | None = None, *,
                        carried_fused: bool = False):
-    """One drafting round's backbone logits for the proposal slots, [B, P, V].
+    """One drafting round's backbone logits for the proposal slots, [B, P, V] (or [B, P, K] over the
+    draft vocabulary).
 
     The anchor sits at position `cache.lengths` (context is strictly before it; attention reads the
     cache only up to the longest row). Carried rows j sit at `anchor_pos + j` and are visible iff
@@ -84,12 +86,14 @@ def draft_block_logits(cfg: DrafterConfig, params, frozen, cache: KVCache, ancho
     if carried is not None:
         p = carried.shape[1]
         cpos = anchor_pos[:, None] + jnp.arange(p)[None, :]
-        cmask = jnp.arange(p)[None, :] < rejected_count[:, None]
+        valid = jnp.arange(p)[None, :] < rejected_count[:, None]
         fused = carried if carried_fused else m.apply({"params": params}, carried, method=Drafter.fuse_carried)
-        rows = ((fused, cpos, jnp.broadcast_to(cmask[:, None, :], (b, t, p))),)
+        rows = ((fused, cpos, carried_segment_mask(valid, t)),)
     h = m.apply({"params": params}, block_tokens(cfg, anchor), positions, frozen,
                 cached=(cache.k, cache.v, ctx_mask), rows=rows, method=Drafter.block_hidden)
     h = h[:, proposal_slots(cfg)]
+    if cfg.draft_vocab:
+        return m.apply({"params": params}, h, frozen, method=Drafter.logits)
     if frozen.get("head") is None:  # tied: the few-row vocabulary-major contraction
         return cap_logits(tied_logits(h, frozen["embed"]), frozen)
     return logits_from_hidden(h, frozen)
@@ -112,14 +116,16 @@ def sequential_proposals(cfg: DrafterConfig, params, backbone_logits: Array, anc
                          temperature: Array, top_k: int = 0, top_p: float = 1.0, *, sampling: bool = True):
     """Turn backbone logits [B, P, V] into proposals [B, P] and the draft distributions q [B, P, V]
     used by lossless verification. DFlash: slots are independent. Markov: sequential over slots, each
-    slot's bias from the token chosen at the previous slot (the anchor for the first).
+    slot's bias from the token chosen at the previous slot (the anchor for the first). With a draft
+    vocabulary the logits are [B, P, K]; proposals and q come back in target ids / over the target's
+    vocabulary (q is zero outside the draft vocabulary).
 
     `sampling=False` (static: every row greedy) takes argmaxes and returns q = None: no softmax or
     random draws over the vocabulary."""
     b, p, _ = backbone_logits.shape
     if not sampling:
         if not cfg.markov_rank:
-            return jnp.argmax(backbone_logits, -1).astype(jnp.int32), None, backbone_logits
+            return to_target_ids(cfg, jnp.argmax(backbone_logits, -1).astype(jnp.int32)), None, backbone_logits
 
         def greedy(prev, lg):
             lg = lg + markov_bias(cfg, params, prev[:, None])[:, 0]
@@ -133,7 +139,7 @@ def sequential_proposals(cfg: DrafterConfig, params, backbone_logits: Array, anc
         q = probs(backbone_logits, temperature[:, None], top_k, top_p)
         toks = jax.vmap(lambda k, lg: sample(k, lg, temperature, top_k, top_p), in_axes=(0, 1), out_axes=1)(
             keys, backbone_logits)
-        return toks, q, backbone_logits
+        return to_target_ids(cfg, toks), to_target_probs(cfg, q), backbone_logits
 
     def body(prev, xs):
         key, lg = xs

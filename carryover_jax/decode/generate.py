@@ -12,7 +12,9 @@ import numpy as np
 
 from carryover_jax.config import next_bucket
 from carryover_jax.decode import autoregressive as ar
+from carryover_jax.decode import speculative as sp
 from carryover_jax.errors import CarryoverError, RequestError
+from carryover_jax.models.drafter import check_pair
 
 MAX_STOP_IDS = 8  # stop ids are a fixed-size traced array (padded with -1): no recompiles per set
 
@@ -192,7 +194,7 @@ def generate(
     lens = [len(r) for r in ids]
     n = len(ids)
     bucket, cache_len = plan_lengths(lens, max_new, max_len, cfg.max_position_embeddings)
-    out_len = next_bucket(max(max_new), minimum=1)
+    out_size = next_bucket(max(max_new), minimum=1)
 
     tokens = jnp.asarray(pad_batch(ids, bucket))
     compiled_before = _compiled_count()
@@ -202,9 +204,9 @@ def generate(
     t1 = time.perf_counter()
     state = ar.generate_loop(
         cfg, params, cache, first_logits, jax.random.key(seed), jnp.asarray(temps, jnp.float32),
-        jnp.asarray(max_new, jnp.int32), _stop_array(stops), out_len=out_len, top_k=top_k, top_p=top_p,
+        jnp.asarray(max_new, jnp.int32), _stop_array(stops), out_size=out_size, top_k=top_k, top_p=top_p,
     )
-    out, num = jax.device_get((state.out, state.num))
+    out, num = jax.device_get((state.out, state.num_out))
     t2 = time.perf_counter()
     total_new = int(np.sum(num))
     # Timings of a call that had to compile include XLA compile time; say so instead of hiding it.
@@ -243,11 +245,10 @@ def speculative_generate(
     Returns per-prompt `Generation`s and run stats: `tau` (committed tokens per verification round,
     micro-averaged), `rounds`, tokens/s and, with `stepwise=True` (a host-driven round loop instead of
     one `lax.while_loop`), the time split between drafting and verification. `greedy_drafts` drafts by
-    argmax at any temperature (z-lab's reference loop), still lossless.
+    argmax at any temperature (z-lab's reference loop), still lossless. `carryover`: the drafter attends
+    to the previous round's rejected rows (`SpecConfig.attend_carried`); it needs a drafter that owns
+    the Carryover embedding `e_rej` (`DrafterConfig.carryover`).
     """
-    from carryover_jax.decode import speculative as sp
-    from carryover_jax.models.drafter import check_pair
-
     dcfg, dparams = (drafter.cfg, drafter.params) if hasattr(drafter, "cfg") else drafter
     if carryover and not dcfg.carryover:
         raise CarryoverError("this drafter has no Carryover embedding; load it with carryover=True or pass carryover=False")
@@ -259,8 +260,8 @@ def speculative_generate(
     lens = [len(r) for r in ids]
     # a verify chunk writes P+1 slots past the committed length, and the drafter cache appends P+1 rows
     bucket, cache_len = plan_lengths(lens, [m + P + 1 for m in max_new], max_len, target.cfg.max_position_embeddings)
-    out_len = next_bucket(max(max_new), minimum=1)
-    sc = sp.SpecConfig(target=target.cfg, drafter=dcfg, carryover=carryover, sampling=max(temps) > 0,
+    out_size = next_bucket(max(max_new), minimum=1)
+    sc = sp.SpecConfig(target=target.cfg, drafter=dcfg, attend_carried=carryover, sampling=max(temps) > 0,
                        top_k=top_k, top_p=top_p, greedy_drafts=greedy_drafts)
     tp = target.params
     t0 = time.perf_counter()
@@ -268,7 +269,7 @@ def speculative_generate(
         sc, tp, dparams, jnp.asarray(pad_batch(ids, bucket)), jnp.asarray(lens, jnp.int32),
         jnp.asarray(max_new, jnp.int32), jnp.asarray(temps, jnp.float32),
         _stop_array(stops), jax.random.key(seed),
-        max_len=cache_len, out_len=out_len, max_rounds=out_len,
+        max_len=cache_len, out_size=out_size, max_rounds=out_size,
     )
     jax.block_until_ready(state.out)
     t1 = time.perf_counter()
@@ -280,22 +281,22 @@ def speculative_generate(
             jax.block_until_ready(toks)
             tb = time.perf_counter()
             state = sp.verify_step(sc, tp, dparams, state, toks, q)
-            jax.block_until_ready(state.out_len)
+            jax.block_until_ready(state.num_out)
             draft_s += tb - ta
             verify_s += time.perf_counter() - tb
     else:
         state = sp.generate_loop(sc, tp, dparams, state)
-    out, out_len_, rounds, accepted = jax.device_get((state.out, state.out_len, state.rounds, state.accepted))
+    out, num_out, rounds, accepted = jax.device_get((state.out, state.num_out, state.rounds, state.accepted))
     t2 = time.perf_counter()
-    results = [_generation(target, ids[i], out[i], out_len_[i], stops, {
-        "rounds": int(rounds[i]), "tau": round((int(out_len_[i]) - 1) / max(int(rounds[i]), 1), 4),
+    results = [_generation(target, ids[i], out[i], num_out[i], stops, {
+        "rounds": int(rounds[i]), "tau": round((int(num_out[i]) - 1) / max(int(rounds[i]), 1), 4),
         "accepted_per_round": [int(a) for a in accepted[i, : rounds[i]]], "time_s": round(t2 - t0, 4),
-        "tokens_per_s": round(int(out_len_[i]) / max(t2 - t0, 1e-9), 2), "batch": n,
+        "tokens_per_s": round(int(num_out[i]) / max(t2 - t0, 1e-9), 2), "batch": n,
     }) for i in range(n)]
-    total_tokens = int(np.sum(out_len_))
+    total_tokens = int(np.sum(num_out))
     total_rounds = int(np.sum(rounds))
     stats = {
-        "tau": round(float(np.sum(out_len_ - 1)) / max(total_rounds, 1), 4),
+        "tau": round(float(np.sum(num_out - 1)) / max(total_rounds, 1), 4),
         "rounds": total_rounds, "new_tokens": total_tokens, "batch": n, "carryover": carryover,
         "prefill_s": round(t1 - t0, 4), "decode_s": round(t2 - t1, 4), "time_s": round(t2 - t0, 4),
         "tokens_per_s": round(total_tokens / max(t2 - t0, 1e-9), 2),

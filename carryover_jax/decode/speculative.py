@@ -1,6 +1,6 @@
 """Speculative decoding with Carryover: jitted `draft_step` and `verify_step` over one state pytree.
 
-Round (see `shared/spec/carryover.md` §1-2): the anchor (last committed token, not yet in the target
+Round (the paper's Carryover inference, Figure 1): the anchor (last committed token, not yet in the target
 cache) sits at position L = target_cache.lengths = draft_cache.lengths.
 - draft_step: block [anchor, MASK...] at L.., attending to the drafter's committed-context cache and,
   with Carryover, to the carried rows (the previous round's rejected verify features, valid iff
@@ -38,7 +38,7 @@ class SpecConfig:
 
     target: TargetConfig
     drafter: DrafterConfig
-    carryover: bool = True
+    attend_carried: bool = True  # the drafter attends to the carried rows (needs a drafter with e_rej)
     sampling: bool = False  # False: every row greedy, no draft distributions are materialised
     top_k: int = 0
     top_p: float = 1.0
@@ -59,7 +59,7 @@ class SpecState:
     rejected_count: Array  # [B]
     anchor: Array  # [B]
     out: Array  # [B, N + P + 1] committed tokens (first from prefill)
-    out_len: Array  # [B]
+    num_out: Array  # [B] tokens committed to `out` so far
     done: Array  # [B]
     max_new: Array  # [B]
     temperature: Array  # [B]
@@ -69,12 +69,12 @@ class SpecState:
     accepted: Array  # [B, R] accepted drafts per round (-1 = no round)
 
 
-@functools.partial(jax.jit, static_argnames=("sc", "max_len", "out_len", "max_rounds"))
+@functools.partial(jax.jit, static_argnames=("sc", "max_len", "out_size", "max_rounds"))
 def prefill(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens, max_new, temperature, stop_ids, rng,
-            *, max_len: int, out_len: int, max_rounds: int) -> SpecState:
+            *, max_len: int, out_size: int, max_rounds: int) -> SpecState:
     """Target prefill with feature taps, first token, and the drafter's context cache for the prompt."""
     b = tokens.shape[0]
-    max_new = jnp.minimum(max_new, out_len)  # the output buffer bounds every row (callers size it)
+    max_new = jnp.minimum(max_new, out_size)  # the output buffer bounds every row (callers size it)
     cache = new_cache(sc.target, b, max_len)
     logits, cache, taps = TargetLM(sc.target).apply(
         {"params": target_params}, tokens, cache=cache, tap_layers=sc.drafter.target_layer_ids,
@@ -85,13 +85,13 @@ def prefill(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens, ma
     dcache = D.append_rows(sc.drafter, draft_params, D.new_context_cache(sc.drafter, b, max_len), rows, prompt_lens)
     rng, sub = jax.random.split(rng)
     first = sample(sub, logits[:, 0], temperature, sc.top_k, sc.top_p)
-    out = jnp.zeros((b, out_len + sc.P + 1), jnp.int32).at[:, 0].set(first)
-    out_len_ = jnp.ones((b,), jnp.int32)
+    out = jnp.zeros((b, out_size + sc.P + 1), jnp.int32).at[:, 0].set(first)
+    num_out = jnp.ones((b,), jnp.int32)
     return SpecState(
         target_cache=cache, draft_cache=dcache,
         carried=jnp.zeros((b, sc.P, rows.shape[-1]), rows.dtype),
-        rejected_count=jnp.zeros((b,), jnp.int32), anchor=first, out=out, out_len=out_len_,
-        done=is_stop(first, stop_ids) | (out_len_ >= max_new), max_new=max_new, temperature=temperature,
+        rejected_count=jnp.zeros((b,), jnp.int32), anchor=first, out=out, num_out=num_out,
+        done=is_stop(first, stop_ids) | (num_out >= max_new), max_new=max_new, temperature=temperature,
         stop_ids=stop_ids, rng=rng, rounds=jnp.zeros((b,), jnp.int32),
         accepted=jnp.full((b, max_rounds), -1, jnp.int32),
     )
@@ -100,7 +100,7 @@ def prefill(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens, ma
 def _draft(sc: SpecConfig, target_params, draft_params, s: SpecState):
     """-> (proposals, q, new rng): only what drafting produces, so no state buffer is copied."""
     frozen = frozen_from_target(target_params, sc.target)
-    carried = (s.carried, s.rejected_count) if sc.carryover else (None, None)
+    carried = (s.carried, s.rejected_count) if sc.attend_carried else (None, None)
     logits = D.draft_block_logits(sc.drafter, draft_params, frozen, s.draft_cache, s.anchor, *carried,
                                   carried_fused=True)
     rng, sub = jax.random.split(s.rng)
@@ -168,21 +168,21 @@ def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals
     stop_here = is_stop(seq, s.stop_ids) & (j < n[:, None])
     hit_stop = jnp.any(stop_here, axis=1)
     n = jnp.where(hit_stop, jnp.argmax(stop_here, axis=1) + 1, n)
-    n = jnp.minimum(n, s.max_new - s.out_len)
+    n = jnp.minimum(n, s.max_new - s.num_out)
     n = jnp.where(active, n, 0)
 
     def put(row, vals, start, count):
         cur = jax.lax.dynamic_slice_in_dim(row, start, P + 1)
         return jax.lax.dynamic_update_slice_in_dim(row, jnp.where(jnp.arange(P + 1) < count, vals, cur), start, 0)
 
-    out = jax.vmap(put)(s.out, seq, s.out_len, n)
-    out_len = s.out_len + n
-    done = s.done | (active & (hit_stop | (out_len >= s.max_new)))
+    out = jax.vmap(put)(s.out, seq, s.num_out, n)
+    num_out = s.num_out + n
+    done = s.done | (active & (hit_stop | (num_out >= s.max_new)))
 
     keep = jnp.where(active, a + 1, 0)
     tcache = tcache.with_lengths(s.target_cache.lengths + keep)
     dcache = D.append_rows(sc.drafter, draft_params, s.draft_cache, rows, keep)
-    if sc.carryover:
+    if sc.attend_carried:
         idx = jnp.minimum(a[:, None] + 1 + jnp.arange(P)[None, :], P)
         carried = D.mark_carried(sc.drafter, draft_params, jnp.take_along_axis(rows, idx[..., None], axis=1))
     else:
@@ -193,7 +193,7 @@ def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals
     return s.replace(
         target_cache=tcache, draft_cache=dcache, carried=carried,
         rejected_count=jnp.where(active, P - a, 0).astype(jnp.int32),
-        anchor=jnp.where(active, y, s.anchor), out=out, out_len=out_len, done=done, rng=rng, rounds=rounds,
+        anchor=jnp.where(active, y, s.anchor), out=out, num_out=num_out, done=done, rng=rng, rounds=rounds,
         accepted=accepted,
     )
 

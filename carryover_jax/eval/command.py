@@ -21,6 +21,9 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
     p.add_argument("--drafter", action="append", metavar="LABEL=DIR[:carryover]",
                    help="an arm of the comparison, e.g. --drafter baseline=DIR --drafter control=DIR "
                         "--drafter carryover=DIR:carryover; only ':carryover' arms attend to carried rows")
+    p.add_argument("--curve", default=None, metavar="RUN",
+                   help="τ and speedup against training time: every drafter snapshot of the training run RUN "
+                        "(train with snapshot_every) and its final drafter become arms; adds a table and curve.png")
     p.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench", "sharegpt"],
                    metavar="NAME", help="humaneval | mtbench | sharegpt (held-out split) | PATH.jsonl | LABEL=PATH")
     p.add_argument("--prompts-per-dataset", type=int, default=8, help="the first N prompts of each dataset that fit")
@@ -66,6 +69,7 @@ def _check_args(args):
 def main(args) -> int:
     # the eval engine (and the training code its diagnostics reuse) loads only when the command runs,
     # not for every `carryover` invocation (this module builds the CLI's parser)
+    from carryover_jax.eval.curve import curve_rows, snapshot_arms
     from carryover_jax.eval.report import render_markdown
     from carryover_jax.eval.run import evaluate, load_result, parse_drafter_spec, write_outputs
 
@@ -74,9 +78,9 @@ def main(args) -> int:
         print(out / "report.md")
         return 0
     _check_args(args)
-    entries = [parse_drafter_spec(s) for s in args.drafter or []]
+    entries = [parse_drafter_spec(s) for s in (args.drafter or []) + (snapshot_arms(args.curve) if args.curve else [])]
     if not entries:
-        raise CarryoverError("give at least one --drafter LABEL=DIR[:carryover]")
+        raise CarryoverError("give at least one --drafter LABEL=DIR[:carryover] (or --curve RUN)")
     target = load_target(args.target, dtype=args.dtype)
     result = evaluate(
         target, entries, datasets=args.datasets, prompts_per_dataset=args.prompts_per_dataset,
@@ -85,6 +89,8 @@ def main(args) -> int:
         batch_sizes=args.batch_sizes, max_len=args.max_len, mask_token_id=args.mask_token_id, dtype=args.dtype,
         diagnostics=args.diagnostics, diagnostic_prompts=args.diagnostic_prompts, progress=not args.quiet,
         log=lambda msg: print(msg, file=sys.stderr), timing_repeats=args.timing_repeats)
+    if args.curve:
+        result["curve"] = curve_rows(result, args.curve)
     out = write_outputs(result, args.out, plots=not args.no_plots)
     print(render_markdown(result))
     ck = result["summary"]["check"]

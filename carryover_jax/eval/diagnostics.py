@@ -5,7 +5,7 @@
   carried rows supplied (the engine's own buffer, visible rows j < rejected_count) and once withheld
   (rejected_count = 0, which is the plain drafter bit for bit). Both are compared with the target's
   tokens at the block's slots: at T = 0 the committed sequence is the AR sequence, so slot i's target
-  token is AR token out_len + i. Recall@1 = argmax equals it, Recall@16 = it is among the top 16;
+  token is AR token num_out + i. Recall@1 = argmax equals it, Recall@16 = it is among the top 16;
   per proposal slot, over rounds that do have carried rows. Markov drafters are teacher-forced (the
   previous token of slot i is the target token of slot i-1) in both arms.
 - **ON/OFF replay on recorded sequences** (Carryover arms; `recorded_replay`): the training-style
@@ -36,11 +36,10 @@ from carryover_jax.decode import drafting as D
 from carryover_jax.decode import speculative as sp
 from carryover_jax.decode.generate import MAX_STOP_IDS, generate, pad_batch, plan_lengths
 from carryover_jax.errors import CarryoverError
-from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden, proposal_slots
-from carryover_jax.models.layers import Blockwise
+from carryover_jax.models.drafter import Drafter, frozen_from_target, to_target_ids
 from carryover_jax.train import anchors as A
 from carryover_jax.train import dvd
-from carryover_jax.train.losses import batch_features
+from carryover_jax.train.losses import batch_features, proposal_hidden
 from carryover_jax.train.step import StepConfig
 
 TOP_K = 16
@@ -67,8 +66,8 @@ def replay_hits(sc, target_params, draft_params, s, targets, *, k: int = TOP_K, 
     tf = jnp.maximum(targets, 0)
 
     def hits(lg):
-        top = jax.lax.top_k(lg, k)[1]
-        return jnp.argmax(lg, -1) == tf, jnp.any(top == tf[..., None], axis=-1)
+        top = to_target_ids(cfg, jax.lax.top_k(lg, k)[1])
+        return top[..., 0] == tf, jnp.any(top == tf[..., None], axis=-1)
 
     on1, onk = hits(logits(s.rejected_count))
     off1, offk = hits(logits(jnp.zeros_like(s.rejected_count)))
@@ -84,21 +83,21 @@ def _decode_with_log(target, entry, drafter, ids: list[list[int]], ref: list[lis
     n = len(ids)
     lens = [len(r) for r in ids]
     bucket, cache_len = plan_lengths(lens, [max_new_tokens + P + 1] * n, max_len, target.cfg.max_position_embeddings)
-    out_len = next_bucket(max_new_tokens, minimum=1)
-    sc = sp.SpecConfig(target=target.cfg, drafter=dcfg, carryover=entry.carryover, sampling=False)
+    out_size = next_bucket(max_new_tokens, minimum=1)
+    sc = sp.SpecConfig(target=target.cfg, drafter=dcfg, attend_carried=entry.carryover, sampling=False)
     stops = jnp.asarray(list(stop_ids) + [-1] * (MAX_STOP_IDS - len(stop_ids)), jnp.int32)
     s = sp.prefill(sc, tp, dp, jnp.asarray(pad_batch(ids, bucket)), jnp.asarray(lens, jnp.int32),
                    jnp.full((n,), max_new_tokens, jnp.int32), jnp.zeros((n,), jnp.float32), stops,
-                   jax.random.key(0), max_len=cache_len, out_len=out_len, max_rounds=out_len)
-    width = out_len + 2 * P + 2
+                   jax.random.key(0), max_len=cache_len, out_size=out_size, max_rounds=out_size)
+    width = out_size + 2 * P + 2
     ref_arr = np.full((n, width), -1, np.int64)
     for i, r in enumerate(ref):
         ref_arr[i, : len(r)] = r
     counts = {key: np.zeros(P, np.int64) for key in ("on1", "onk", "off1", "offk", "valid")}
-    rounds_log = []  # per host iteration: (out_len before [B], active [B], proposals [B, P])
+    rounds_log = []  # per host iteration: (num_out before [B], active [B], proposals [B, P])
     fused = None
     while True:
-        done, cur = jax.device_get((s.done, s.out_len))
+        done, cur = jax.device_get((s.done, s.num_out))
         if done.all():
             break
         if replay:
@@ -114,7 +113,7 @@ def _decode_with_log(target, entry, drafter, ids: list[list[int]], ref: list[lis
         toks, q, s = sp.draft_step(sc, tp, dp, s)
         rounds_log.append((cur.copy(), ~done, np.asarray(jax.device_get(toks))))
         s = sp.verify_step(sc, tp, dp, s, toks, q)
-    out, out_n, accepted = jax.device_get((s.out, s.out_len, s.accepted))
+    out, out_n, accepted = jax.device_get((s.out, s.num_out, s.accepted))
     outputs = [out[i, : out_n[i]].tolist() for i in range(n)]
     return outputs, counts, rounds_log, accepted
 
@@ -193,7 +192,6 @@ def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, m
 
 # ---- training-style replay on recorded sequences (reuses DVD training's draft 1 / verify / carry) ------
 def replay_step_config(target_cfg, drafter_cfg, num_anchors: int):
-
     return StepConfig(target=target_cfg, drafter=drafter_cfg, num_anchors=num_anchors, gamma=7.0, ce_weight=1.0,
                       l1_weight=0.0, mode="dvd", carry="hidden", off_metrics=True)
 
@@ -208,7 +206,7 @@ def recorded_replay_hits(sc, params, target_params, ids, loss_mask, rng, *, k: i
     top1_acc@slot / off/top1_acc@slot)."""
 
     dc = sc.drafter
-    b, s = ids.shape
+    b = ids.shape[0]
     t, p = dc.block_size, dc.num_proposals
     feats, _ = batch_features(sc, target_params, {"input_ids": ids, "loss_mask": loss_mask})
     frozen = frozen_from_target(target_params, sc.target)
@@ -221,24 +219,20 @@ def recorded_replay_hits(sc, params, target_params, ids, loss_mask, rng, *, k: i
     blk2 = A.build_blocks(dc, ids, loss_mask, anchors2, keep2, nvalid)
     rows, pos, valid = dvd.carried_rows(sc, target_params, ids, anchors, keep, proposals, accepted, anchors2, keep2)
 
-    def logits(kw):
-        h = Drafter(dc).apply(
-            {"params": params}, blk2.tokens, blk2.positions, frozen, feats.astype(jnp.dtype(dc.backbone.dtype)),
-            jnp.broadcast_to(jnp.arange(s)[None], (b, s)), A.context_mask(blk2, t, s), block_mask=t,
-            return_hidden=True, **kw)
-        h = h.reshape(b, n, t, -1)[:, :, proposal_slots(dc)].reshape(b, n * p, -1)
-        z = logits_from_hidden(h, frozen).reshape(b, n, p, -1)
+    def logits(carried):
+        h = proposal_hidden(params, dc, frozen, feats, blk2, carried).reshape(b, n * p, -1)
+        z = Drafter(dc).apply({"params": params}, h, frozen, method=Drafter.logits).reshape(b, n, p, -1)
         if dc.markov_rank:  # teacher-forced: the previous token is the recorded one
             prev = jnp.concatenate([blk2.tokens.reshape(b, n, t)[:, :, :1], blk2.labels[..., :-1]], axis=-1)
             z = z + Drafter(dc).apply({"params": params}, prev, method=Drafter.markov_bias)
         return z
 
     def hits(z):
-        top = jax.lax.top_k(z, k)[1]
-        return jnp.argmax(z, -1) == blk2.labels, jnp.any(top == blk2.labels[..., None], axis=-1)
+        top = to_target_ids(dc, jax.lax.top_k(z, k)[1])
+        return top[..., 0] == blk2.labels, jnp.any(top == blk2.labels[..., None], axis=-1)
 
-    on1, onk = hits(logits(dict(carried=rows, carried_positions=pos, carried_mask=Blockwise(n, key_valid=valid))))
-    off1, offk = hits(logits({}))
+    on1, onk = hits(logits((rows, pos, valid)))
+    off1, offk = hits(logits(None))
     every = blk2.eval_mask & keep2[..., None]
     carried = every & (accepted < p)[..., None]
     out = {}

@@ -109,6 +109,22 @@ def write_plots(result: dict[str, Any], folder: str | Path) -> list[Path]:
         axes[1].legend(fontsize=7)
         fig.tight_layout()
         written.append(_save(fig, folder / "diagnostics.png"))
+
+    curve = result.get("curve")
+    if curve:  # snapshots of one training run (`carryover eval --curve`)
+        minutes = all(r["train_minutes"] is not None for r in curve)
+        x = [r["train_minutes"] if minutes else r["step"] for r in curve]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(x, [r["tau"] for r in curve], "o-", label="τ (T = 0)")
+        ax.plot(x, [r["speedup"] for r in curve], "s-", label="speedup over AR (batch 1)")
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        for xi, r in zip(x, curve):
+            ax.annotate(f"step {r['step']}", (xi, r["tau"]), textcoords="offset points", xytext=(0, 5), fontsize=7)
+        ax.set_xlabel("training minutes" if minutes else "training step")
+        ax.set_title("τ and speedup against training time")
+        ax.legend()
+        fig.tight_layout()
+        written.append(_save(fig, folder / "curve.png"))
     return written
 
 

@@ -125,9 +125,17 @@ def render_markdown(result: dict[str, Any]) -> str:
     diag = result.get("diagnostics")
     if diag:
         L += render_diagnostics(diag)
+    curve = result.get("curve")
+    if curve:
+        L += ["### τ and speedup against training time (T = 0, all datasets)", "",
+              "| step | training minutes | τ | speedup over AR |", "|---|---|---|---|"]
+        L += [f"| {r['step']} | {'-' if r['train_minutes'] is None else r['train_minutes']} | {r['tau']:.3f} | "
+              f"{r['speedup']:.2f}x |" for r in curve]
+        L.append("")
     L.append("Plots: `tau.png` (τ per dataset per drafter), `throughput.png` (throughput vs batch), "
              "`accept_lengths.png` (distribution of accepted lengths)"
-             + (", `diagnostics.png` (ON/OFF replay, re-convergence)" if diag else "") + ".")
+             + (", `diagnostics.png` (ON/OFF replay, re-convergence)" if diag else "")
+             + (", `curve.png` (τ and speedup vs training time)" if curve else "") + ".")
     return "\n".join(L) + "\n"
 
 

@@ -6,20 +6,23 @@ Params (names mirror the exported PyTorch checkpoints): `fc` (m·d -> d, no bias
 embedding and LM head are *not* params: they arrive frozen in `frozen` (see `frozen_from_target`).
 
 Every block query attends to a list of key/value segments: the committed-context cache (or, in
-training, context rows given by a mask), the carried rejected rows (valid iff `j < rejected_count`)
+training, context rows given by a mask), the carried rejected rows (`carried_segment_mask`)
 and the block itself (non-causal). Context and carried rows are fused features projected by each
 layer's own k/v projections; they are never transformed by the draft layers.
 """
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from carryover_jax.config import DrafterConfig
 from carryover_jax.errors import ConfigError
-from carryover_jax.models.layers import RMSNorm, dense, dtype_of
+from carryover_jax.models.layers import Blockwise, RMSNorm, dense, dtype_of
 from carryover_jax.models.target import DecoderLayer
 
 Array = jax.Array
@@ -90,6 +93,9 @@ class Drafter(nn.Module):
             )
         if c.markov_rank:
             self.markov_head = MarkovHead(bc.vocab_size, c.markov_rank, pdt)
+        if c.draft_vocab:
+            self.lm_head = dense(len(c.draft_vocab), "lm_head", ("embed", "vocab"), use_bias=False, dtype=jnp.float32,
+                                 param_dtype=pdt)
 
     # -- context rows -------------------------------------------------------------------------------
     def fuse(self, features: Array) -> Array:
@@ -143,20 +149,28 @@ class Drafter(nn.Module):
     def markov_bias(self, prev_tokens: Array) -> Array:
         return self.markov_head(prev_tokens)
 
+    def logits(self, h: Array, frozen) -> Array:
+        """Final-normed hidden [..., d] -> float32 draft logits over the draft vocabulary: the
+        drafter's own `lm_head` when it has a draft vocabulary, else the target's frozen head."""
+        if self.cfg.draft_vocab:
+            return cap_logits(self.lm_head(h.astype(jnp.float32)), frozen)
+        return logits_from_hidden(h, frozen)
+
     def __call__(self, tokens, positions, frozen, features, feature_positions, feature_mask,
-                 carried=None, carried_positions=None, carried_mask=None, block_mask=None, *,
+                 carried=None, carried_positions=None, carried_valid=None, block_mask=None, *,
                  return_hidden=False):
         """Cache-free forward (training, tests): backbone logits [B, T, V] of the block slots
         (or the final-normed hidden states with `return_hidden`).
 
-        features [B, S, m·d] with feature_mask [B, T, S]; carried [B, P, m·d] (or token ids [B, P]) with
-        carried_mask [B, T, P] or a `Blockwise` (training: block n sees only its own carried rows).
+        features [B, S, m·d] with feature_mask [B, T, S]; carried [B, R, m·d] (or token ids [B, R]) with
+        carried_valid [B, R] (see `carried_segment_mask`).
         """
         rows = [(self.fuse(features), feature_positions, feature_mask)]
         if carried is not None:
-            rows.append((self.fuse_carried(carried, frozen), carried_positions, carried_mask))
+            mask = carried_segment_mask(carried_valid, tokens.shape[1], block_mask)
+            rows.append((self.fuse_carried(carried, frozen), carried_positions, mask))
         h = self.block_hidden(tokens, positions, frozen, rows=tuple(rows), block_mask=block_mask)
-        return h if return_hidden else logits_from_hidden(h, frozen)
+        return h if return_hidden else self.logits(h, frozen)
 
     def init_all(self, tokens, *args, **kw):
         """Touches every submodule so `init` creates all params."""
@@ -164,6 +178,49 @@ class Drafter(nn.Module):
         if self.cfg.markov_rank:
             out = out + self.markov_bias(tokens)
         return out
+
+
+def carried_segment_mask(carried_valid: Array, num_queries: int, block_mask=None) -> Blockwise:
+    """Which carried rows a block sees, the same in training and decoding: the rows are split evenly
+    among the blocks (one block when decoding; N when training, `block_mask` = the int block size)
+    and block n sees its own rows where `carried_valid` [B, R] holds — when decoding, rows
+    j < rejected_count of the previous round."""
+    n = num_queries // block_mask if isinstance(block_mask, int) else 1
+    return Blockwise(n, key_valid=carried_valid)
+
+
+def to_target_ids(cfg: DrafterConfig, draft_ids: Array) -> Array:
+    """Indices into the draft vocabulary -> target token ids (identity without one)."""
+    if not cfg.draft_vocab:
+        return draft_ids
+    return jnp.asarray(np.asarray(cfg.draft_vocab, np.int32))[draft_ids]
+
+
+@functools.lru_cache(maxsize=8)
+def draft_index_table(draft_vocab: tuple[int, ...], vocab_size: int) -> np.ndarray:
+    """[V] int32: each target id's index in the draft vocabulary, -1 outside it."""
+    table = np.full(vocab_size, -1, np.int32)
+    table[np.asarray(draft_vocab)] = np.arange(len(draft_vocab), dtype=np.int32)
+    return table
+
+
+def to_target_probs(cfg: DrafterConfig, q: Array) -> Array:
+    """A distribution over the draft vocabulary [..., K] -> the same over the target's [..., V]
+    (zero outside the draft vocabulary): what lossless verification divides by."""
+    if not cfg.draft_vocab:
+        return q
+    full = jnp.zeros(q.shape[:-1] + (cfg.backbone.vocab_size,), q.dtype)
+    return full.at[..., np.asarray(cfg.draft_vocab)].set(q)
+
+
+def with_draft_head(cfg: DrafterConfig, params, frozen) -> dict:
+    """Params whose `lm_head` starts as the target head's rows of the draft vocabulary (EAGLE-3)."""
+    if not cfg.draft_vocab:
+        return params
+    ids = np.asarray(cfg.draft_vocab)
+    rows = frozen["embed"][ids].T if frozen.get("head") is None else frozen["head"][:, ids]
+    kernel = params["lm_head"]["kernel"]
+    return {**params, "lm_head": {"kernel": jnp.asarray(rows, kernel.dtype)}}
 
 
 def logits_from_hidden(h: Array, frozen) -> Array:
@@ -212,7 +269,7 @@ def init_drafter_params(cfg: DrafterConfig, rng: Array, *, boxed: bool = False):
     kw = {}
     if cfg.carryover:
         kw = dict(carried=jnp.zeros((1, p, cfg.feature_dim)), carried_positions=jnp.zeros((1, p), jnp.int32),
-                  carried_mask=jnp.ones((1, t, p), bool))
+                  carried_valid=jnp.ones((1, p), bool))
 
     def init(r):
         return Drafter(cfg).init(r, *args, **kw, method=Drafter.init_all)

@@ -27,12 +27,12 @@ import jax
 import jax.numpy as jnp
 
 from carryover_jax.decode.drafting import sequential_proposals
-from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden, proposal_slots
+from carryover_jax.models.drafter import Drafter, frozen_from_target
 from carryover_jax.models.layers import Blockwise
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.target import DecoderLayer, TargetLM, layer_type, window_masks
 from carryover_jax.train import anchors as A
-from carryover_jax.train.losses import anchor_metrics, batch_features, block_loss, chunked_rows
+from carryover_jax.train.losses import anchor_metrics, batch_features, block_loss, chunked_rows, proposal_hidden
 
 if TYPE_CHECKING:
     from carryover_jax.train.step import StepConfig
@@ -44,17 +44,13 @@ def draft_proposals(sc: StepConfig, params, frozen, feats: Array, blk: A.Blocks)
     """Draft 1: greedy proposals [B, N, P] of every block, no carried rows, no gradient."""
     dc = sc.drafter
     params = jax.lax.stop_gradient(params)
-    b, s = feats.shape[:2]
+    b = feats.shape[0]
     t, p, n = dc.block_size, dc.num_proposals, blk.anchors.shape[1]
-    h = Drafter(dc).apply(
-        {"params": params}, blk.tokens, blk.positions, frozen, feats.astype(jnp.dtype(dc.backbone.dtype)),
-        jnp.broadcast_to(jnp.arange(s)[None], (b, s)), A.context_mask(blk, t, s), block_mask=t, return_hidden=True,
-    )
-    h = h.reshape(b * n, t, -1)[:, proposal_slots(dc)]  # [B*N, P, d]
+    h = proposal_hidden(params, dc, frozen, feats, blk).reshape(b * n, p, -1)
     anchor_tok = blk.tokens.reshape(b * n, t)[:, 0]
 
     def propose(hc, ac):
-        z = logits_from_hidden(hc, frozen)
+        z = Drafter(dc).apply({"params": params}, hc, frozen, method=Drafter.logits)
         return sequential_proposals(dc, params, z, ac, None, None, sampling=False)[0]
 
     rows_per_chunk = max(1, sc.loss_chunk // p) if sc.loss_chunk else 0

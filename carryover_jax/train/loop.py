@@ -12,16 +12,23 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
+from tqdm import tqdm
 
-from carryover_jax.config import DrafterConfig, TrainConfig
+from carryover_jax.config import TrainConfig
 from carryover_jax.errors import CarryoverError
 from carryover_jax.io import atomic_write_json
+from carryover_jax.loading import default_mask_token_id, load_drafter, load_target
+from carryover_jax.models.drafter import frozen_from_target, init_drafter_params, with_draft_head
 from carryover_jax.train.checkpoint import Checkpointer, abstract_like
 from carryover_jax.train.faults import (
     FiniteGuard, StopSignal, check_disk_space, metrics_lines_upto, prepare_out_dir, save_before_stop,
 )
 from carryover_jax.train.distributed import is_main, maybe_initialize
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
+from carryover_jax.train.pipeline import make_train_iter
+from carryover_jax.train.store import ResponseStore
+from carryover_jax.train.vocab import draft_vocabulary, token_counts
+from carryover_jax.weights.drafter_formats import drafter_config_to_dict, save_drafter
 from carryover_jax.train.step import (
     compile_step, drafter_shardings, init_state, lr_schedule, make_optimizer, state_shardings, step_config,
     target_shardings,
@@ -30,22 +37,23 @@ from carryover_jax.train.step import (
 BATCH_KEYS = ("input_ids", "loss_mask", "features", "last_hidden")
 
 
-def build_drafter(cfg: TrainConfig, target):
-    """Fresh drafter from `cfg.drafter`, or a checkpoint to continue (`cfg.init_from`)."""
-    from carryover_jax.loading import default_mask_token_id, load_drafter
-    from carryover_jax.models.drafter import init_drafter_params
-
+def build_drafter(cfg: TrainConfig, target, store=None):
+    """Fresh drafter from `cfg.drafter`, or a checkpoint to continue (`cfg.init_from`). A draft
+    vocabulary is chosen from the response store (`store`, else `cfg.data.store`)."""
     if cfg.init_from:
         d = load_drafter(cfg.init_from, carryover=cfg.drafter.carryover, target=target)
         return d.cfg, d.params
-    spec = cfg.drafter
-    mask = spec.mask_token_id if spec.mask_token_id is not None else default_mask_token_id(target)
-    dcfg = DrafterConfig.for_target(
-        target.cfg, kind=spec.kind, layout=spec.layout, num_proposals=spec.num_proposals, num_layers=spec.num_layers,
-        target_layer_ids=spec.target_layer_ids, mask_token_id=mask, markov_rank=spec.markov_rank,
-        carryover=spec.carryover,
-    )
-    return dcfg, init_drafter_params(dcfg, jax.random.key(cfg.seed))
+    default = None if cfg.drafter.mask_token_id is not None else default_mask_token_id(target)
+    vocab = ()
+    if cfg.drafter.draft_vocab_size:
+        counts = token_counts(store if store is not None else ResponseStore.open(cfg.data.store), target.cfg.vocab_size)
+        vocab, coverage = draft_vocabulary(counts, cfg.drafter.draft_vocab_size, tuple(target.stop_token_ids))
+        if is_main():
+            print(f"train: draft vocabulary of {len(vocab)} tokens covers {coverage:.1%} of the supervised "
+                  "response tokens", file=sys.stderr)
+    dcfg = cfg.drafter.build(target.cfg, default, vocab)
+    params = init_drafter_params(dcfg, jax.random.key(cfg.seed))
+    return dcfg, with_draft_head(dcfg, params, frozen_from_target(target.params, target.cfg))
 
 
 def total_steps(cfg: TrainConfig, num_records: int) -> int:
@@ -87,20 +95,13 @@ class MetricsLog:
 def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None = None) -> dict[str, Any]:
     """Run (or resume) training. `stop_at_step` ends the run early as if killed (after checkpointing
     at the normal interval) — used by the resume tests."""
-    from tqdm import tqdm
-
-    from carryover_jax.loading import load_target
-    from carryover_jax.train.pipeline import make_train_iter
-    from carryover_jax.train.store import ResponseStore
-    from carryover_jax.weights.drafter_formats import drafter_config_to_dict, save_drafter
-
     maybe_initialize()
     out = prepare_out_dir(cfg.out_dir)  # a read-only/unusable out_dir fails here, before any work
     store = ResponseStore.open(cfg.data.store)
     if len(store) == 0:
         raise CarryoverError(f"response store {cfg.data.store} has no records: run `carryover prepare` first")
     target = load_target(cfg.target, tokenizer=cfg.init_from is None and cfg.drafter.mask_token_id is None)
-    dcfg, params = build_drafter(cfg, target)
+    dcfg, params = build_drafter(cfg, target, store)
     if cfg.features == "store":
         stored = list(store.meta.get("feature_layer_ids") or [])
         if stored != list(dcfg.target_layer_ids):
@@ -175,6 +176,8 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
                 if ckpt.manager.should_save(done):
                     guard.check(ckpt.steps())  # a non-finite state is never saved
                 ckpt.save(done, state, data_iter)
+                if cfg.snapshot_every and done % cfg.snapshot_every == 0 and done < steps and is_main():
+                    save_drafter(dcfg, jax.device_get(state.params), out / "snapshots" / f"step_{done:06d}")
                 bar.update()
             guard.check(ckpt.steps())
             finished = end == steps and stopped_at is None

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from carryover_jax.models.drafter import Drafter, frozen_from_target, logits_from_hidden, proposal_slots
-from carryover_jax.models.layers import Blockwise
+from carryover_jax.config import DrafterConfig
+from carryover_jax.models.drafter import Drafter, frozen_from_target, proposal_slots
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
 from carryover_jax.train.objectives import combine, row_terms
@@ -41,24 +41,31 @@ def chunked_rows(fn, rows: tuple, chunk: int):
     return jax.tree_util.tree_map(lambda x: x.reshape(-1, *x.shape[2:])[:r], out)
 
 
-def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, blk: A.Blocks, carried=None):
-    """Loss and metrics of the drafter on the blocks `blk` (baseline training, or DVD's draft 2).
-
-    `carried` = (rows [B, N*P, ...], positions [B, N*P], valid [B, N*P]): block n's carried rows are
-    rows n*P .. n*P+P-1, seen only by block n (target features, or token ids for the token ablation)."""
-    b, s = ids.shape
-    dc = sc.drafter
-    t, p, n = dc.block_size, dc.num_proposals, blk.anchors.shape[1]
+def proposal_hidden(params, dc: DrafterConfig, frozen, feats, blk: A.Blocks, carried=None, *, remat: bool = False):
+    """The drafter over all N blocks of `blk` at once -> final-normed hidden [B, N, P, d] at the
+    proposal slots. Block n sees context strictly before its anchor and only itself; `carried` =
+    (rows [B, N*P, ...], positions [B, N*P], valid [B, N*P]): rows n*P .. n*P+P-1 are block n's
+    (target features, or token ids for the token ablation)."""
+    b, s = feats.shape[:2]
+    t, n = dc.block_size, blk.anchors.shape[1]
     kw = {}
     if carried is not None:
-        rows, pos, valid = carried
-        kw = dict(carried=rows, carried_positions=pos, carried_mask=Blockwise(n, key_valid=valid))
-    h = Drafter(dc, remat=sc.remat).apply(
+        kw = dict(zip(("carried", "carried_positions", "carried_valid"), carried))
+    h = Drafter(dc, remat=remat).apply(
         {"params": params}, blk.tokens, blk.positions, frozen, feats.astype(jnp.dtype(dc.backbone.dtype)),
         jnp.broadcast_to(jnp.arange(s)[None], (b, s)), A.context_mask(blk, t, s),
         block_mask=t, return_hidden=True, **kw,  # block-diagonal: each of the N blocks sees only itself
     )
-    h = h.reshape(b, n, t, -1)[:, :, proposal_slots(dc)].reshape(b * n * p, -1)  # one row per proposal
+    return h.reshape(b, n, t, -1)[:, :, proposal_slots(dc)]
+
+
+def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, blk: A.Blocks, carried=None):
+    """Loss and metrics of the drafter on the blocks `blk` (baseline training, or DVD's draft 2);
+    `carried` as in `proposal_hidden`."""
+    b, s = ids.shape
+    dc = sc.drafter
+    t, p, n = dc.block_size, dc.num_proposals, blk.anchors.shape[1]
+    h = proposal_hidden(params, dc, frozen, feats, blk, carried, remat=sc.remat).reshape(b * n * p, -1)
     # the target's next-token distribution at each proposal's prediction point (label position - 1)
     pred_at = jnp.clip(blk.label_idx - 1, 0, s - 1).reshape(b, n * p)
     th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n * p, -1)
@@ -66,11 +73,11 @@ def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, 
     prev = jnp.concatenate([blk.tokens.reshape(b, n, t)[:, :, :1], blk.labels[..., :-1]], axis=-1).reshape(-1)
 
     def terms(hc, thc, lc, pc):
-        z = logits_from_hidden(hc[None], frozen)[0]
+        z = Drafter(dc).apply({"params": params}, hc, frozen, method=Drafter.logits)
         if dc.markov_rank:  # teacher-forced transition bias from the previous ground-truth token
             z = z + Drafter(dc).apply({"params": params}, pc, method=Drafter.markov_bias)
         zt = TargetLM(sc.target).apply({"params": target_params}, thc, method=TargetLM.head)
-        return row_terms(z, jax.lax.stop_gradient(zt), lc)
+        return row_terms(z, jax.lax.stop_gradient(zt), lc, dc.draft_vocab)
 
     out = chunked_rows(terms, (h, th, labels, prev), sc.loss_chunk)
     return combine(*[x.reshape(b, n, p) for x in out], blk.eval_mask, gamma=sc.gamma,

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from carryover_jax.models.drafter import draft_index_table
 
 Array = jax.Array
 
@@ -21,14 +24,27 @@ def position_weights(num_proposals: int, gamma: float) -> Array:
     return jnp.exp(-jnp.arange(num_proposals, dtype=jnp.float32) / gamma)
 
 
-def row_terms(draft_logits: Array, target_logits: Array, labels: Array):
-    """[..., V] logits -> per-row (ce, l1, alpha, top1_correct)."""
+def row_terms(draft_logits: Array, target_logits: Array, labels: Array, draft_vocab: tuple[int, ...] = ()):
+    """[..., V] logits -> per-row (ce, l1, alpha, top1_correct).
+
+    With a draft vocabulary (sorted target ids) the draft logits are [..., K]: a label outside it
+    has no CE (the drafter cannot propose it) and is never correct, and L1 counts the target's mass
+    outside the vocabulary in full — so alpha stays the exact acceptance probability."""
     z = draft_logits.astype(jnp.float32)
     logp = jax.nn.log_softmax(z, axis=-1)
-    ce = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
-    correct = (jnp.argmax(z, -1) == labels).astype(jnp.float32)
     pt = jax.nn.softmax(target_logits.astype(jnp.float32), axis=-1)
-    l1 = jnp.sum(jnp.abs(jnp.exp(logp) - pt), axis=-1)
+    if draft_vocab:
+        vocab = np.asarray(draft_vocab, np.int32)
+        idx = jnp.asarray(draft_index_table(draft_vocab, pt.shape[-1]))[labels]
+        known = idx >= 0
+        ce = jnp.where(known, -jnp.take_along_axis(logp, jnp.maximum(idx, 0)[..., None], axis=-1)[..., 0], 0.0)
+        correct = (known & (jnp.argmax(z, -1) == idx)).astype(jnp.float32)
+        pt_in = jnp.take(pt, jnp.asarray(vocab), axis=-1)
+        l1 = jnp.sum(jnp.abs(jnp.exp(logp) - pt_in), axis=-1) + jnp.maximum(1.0 - jnp.sum(pt_in, axis=-1), 0.0)
+    else:
+        ce = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+        correct = (jnp.argmax(z, -1) == labels).astype(jnp.float32)
+        l1 = jnp.sum(jnp.abs(jnp.exp(logp) - pt), axis=-1)
     return ce, l1, jnp.clip(1.0 - 0.5 * l1, 0.0, 1.0), correct
 
 

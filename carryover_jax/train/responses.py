@@ -52,6 +52,11 @@ def store_meta(cfg: DataConfig, target) -> dict[str, Any]:
     }
 
 
+def target_config_defaults() -> dict[str, Any]:
+    """TargetConfig's field defaults: what a store written before a field existed implicitly used."""
+    return {f.name: f.default for f in dataclasses.fields(TargetConfig) if f.default is not dataclasses.MISSING}
+
+
 def _check(cfg: DataConfig, target) -> None:
     tok = target.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
@@ -177,16 +182,9 @@ def _replay_batch(cfg: DataConfig, target, batch: list[tuple[Conversation, list[
 # ---- target features ---------------------------------------------------------------------------------
 @functools.partial(jax.jit, static_argnames=("cfg", "layer_ids"))
 def _features(params, tokens, *, cfg: TargetConfig, layer_ids: tuple[int, ...]):
-    """Cache-free target forward: taps of `layer_ids` concatenated in id order, and the final-normed
-    output of the last layer (the input of the LM head), both bfloat16."""
-    model = TargetLM(cfg)
-    last = cfg.num_layers - 1
-    # one logit row per sequence: the [B, T, V] logits are not needed
-    _, _, taps = model.apply({"params": params}, tokens, tap_layers=layer_ids + (last,),
-                             logit_indices=jnp.zeros((tokens.shape[0], 1), jnp.int32))
-    feats = jnp.concatenate(taps[:-1], axis=-1).astype(jnp.bfloat16)
-    normed = model.apply({"params": params}, taps[-1], method=lambda m, h: m.norm(h))
-    return feats, normed.astype(jnp.bfloat16)
+    """`TargetLM.features` (the one the training step runs online), concatenated and stored as bfloat16."""
+    taps, last = TargetLM(cfg).apply({"params": params}, tokens, layer_ids, method=TargetLM.features)
+    return jnp.concatenate(taps, axis=-1).astype(jnp.bfloat16), last.astype(jnp.bfloat16)
 
 
 def target_features(target, sequences: list[list[int]], layer_ids: tuple[int, ...], *, batch_rows: int | None = None):
@@ -219,7 +217,7 @@ def prepare_responses(cfg: DataConfig, target, *, progress: bool = True,
     feats = cfg.store_features
     store = ResponseStore.create_or_open(
         cfg.store, feature_dim=len(cfg.feature_layer_ids) * d if feats else None, hidden=d if feats else None,
-        meta=store_meta(cfg, target),
+        meta=store_meta(cfg, target), meta_defaults={"target_config": target_config_defaults()},
     )
     done = store.done_ids()
     processed = 0

@@ -134,9 +134,12 @@ class ResponseStore:
         feature_dim: int | None = None,
         hidden: int | None = None,
         meta: Mapping[str, Any] | None = None,
+        meta_defaults: Mapping[str, Any] | None = None,
     ) -> "ResponseStore":
         """Create a store, or reopen one for appending after checking that it was made with the same
-        `feature_dim`, `hidden` and `meta` (one `CarryoverError` listing every difference)."""
+        `feature_dim`, `hidden` and `meta` (one `CarryoverError` listing every difference). A flattened
+        meta key missing on one side reads as its `meta_defaults` value, so a store written before a
+        config field existed still opens when the field has its default."""
         path = Path(path)
         want = {"format": FORMAT, "version": VERSION, "feature_dim": feature_dim, "hidden": hidden,
                 "meta": _jsonable(dict(meta or {}))}
@@ -152,9 +155,11 @@ class ResponseStore:
             if store.info.get(key) != want[key]:
                 diffs.append(f"{key}: stored {store.info.get(key)!r}, requested {want[key]!r}")
         have_meta, want_meta = _flatten(store.info.get("meta", {})), _flatten(want["meta"])
+        default = _flatten(_jsonable(dict(meta_defaults or {})))
         for key in sorted(set(have_meta) | set(want_meta)):
-            if have_meta.get(key) != want_meta.get(key):
-                diffs.append(f"{key}: stored {have_meta.get(key)!r:.120}, requested {want_meta.get(key)!r:.120}")
+            have, wanted = have_meta.get(key, default.get(key)), want_meta.get(key, default.get(key))
+            if have != wanted:
+                diffs.append(f"{key}: stored {have!r:.120}, requested {wanted!r:.120}")
         if diffs:
             raise CarryoverError(
                 f"{path}: this response store was built with other settings ({'; '.join(diffs)}); "
@@ -256,6 +261,13 @@ class ResponseStore:
         start = self._offsets[:n]
         end = self._offsets[1 : n + 1] if max_len is None else np.minimum(self._offsets[1 : n + 1], start + max_len)
         return cs[end] - cs[start]
+
+    def tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every committed token and its loss mask, records concatenated ([T] each)."""
+        T = self.num_tokens
+        if not T:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return self._read("tokens", 0, T).astype(np.int64), self._read("loss_mask", 0, T).astype(np.int64)
 
     def get(self, i: int, *, max_len: int | None = None, features: bool = True) -> dict[str, np.ndarray]:
         """Record `i` (its first `max_len` tokens), with the feature arrays when stored and `features`."""

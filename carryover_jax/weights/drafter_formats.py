@@ -55,6 +55,7 @@ def drafter_config_from_dict(d: dict) -> DrafterConfig:
     d = dict(d)
     d["backbone"] = TargetConfig(**d["backbone"])
     d["target_layer_ids"] = tuple(d["target_layer_ids"])
+    d["draft_vocab"] = tuple(d.get("draft_vocab", ()))
     return DrafterConfig(**d)
 
 
@@ -86,6 +87,9 @@ def _carryover_field(cfg: DrafterConfig) -> dict:
 
 
 def export_config(cfg: DrafterConfig, fmt: str) -> dict:
+    if cfg.draft_vocab:
+        raise ConfigError(f"the {fmt} format has no draft vocabulary (this drafter proposes from "
+                          f"{len(cfg.draft_vocab)} target tokens through its own lm_head); keep the native folder")
     out = _backbone_fields(cfg)
     if fmt == "zlab":
         if cfg.kind != "dflash" or cfg.layout != "zlab":

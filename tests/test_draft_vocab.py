@@ -1,0 +1,154 @@
+"""Draft vocabulary (EAGLE-3): choice from the data, losses against the full-vocabulary reference,
+lossless decoding at T = 0 and T = 1, a trained drafter that is accepted, native save/load, export errors."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from carryover_jax import ConfigError, generate, load_target
+from carryover_jax.config import DrafterConfig, TrainConfig
+from carryover_jax.decode.generate import speculative_generate
+from carryover_jax.models.drafter import frozen_from_target, init_drafter_params, to_target_ids, with_draft_head
+from carryover_jax.train.objectives import row_terms
+from carryover_jax.train.vocab import draft_vocabulary
+from carryover_jax.weights.drafter_formats import export_drafter, load_drafter, save_drafter
+
+
+def _drafter(target, vocab, *, proposals=4, seed=0, layer_ids=(0, 1)):
+    cfg = DrafterConfig.for_target(target.cfg, kind="dflash", layout="zlab", num_proposals=proposals, num_layers=1,
+                                   mask_token_id=4, target_layer_ids=layer_ids, draft_vocab=tuple(vocab))
+    params = init_drafter_params(cfg, jax.random.key(seed))
+    return cfg, with_draft_head(cfg, params, frozen_from_target(target.params, target.cfg))
+
+
+def test_vocabulary_is_the_most_frequent_tokens_plus_stops():
+    counts = np.array([0, 5, 9, 9, 1, 0, 7, 2])
+    vocab, cover = draft_vocabulary(counts, 4, always=(5,))
+    assert vocab == (2, 3, 5, 6)  # 9, 9 (ties by id), 7, and the stop token 5 however rare
+    assert cover == pytest.approx(25 / 33)
+    with pytest.raises(ConfigError, match="draft_vocab_size must be in"):
+        draft_vocabulary(counts, 9)
+
+
+def test_config_refuses_bad_vocabularies(tiny_llama):
+    target = load_target(tiny_llama.path, tokenizer=False)
+    kw = dict(kind="dflash", num_proposals=3, num_layers=1, mask_token_id=4, target_layer_ids=(0,))
+    with pytest.raises(ConfigError, match="strictly increasing target ids"):
+        DrafterConfig.for_target(target.cfg, draft_vocab=(5, 3), **kw)
+    with pytest.raises(ConfigError, match="strictly increasing target ids"):
+        DrafterConfig.for_target(target.cfg, draft_vocab=(3, target.cfg.vocab_size), **kw)
+    with pytest.raises(ConfigError, match="dflash drafters only"):
+        DrafterConfig.for_target(target.cfg, kind="markov", num_proposals=3, num_layers=1, mask_token_id=4,
+                                 target_layer_ids=(0,), draft_vocab=(3, 5))
+
+
+def test_row_terms_equal_the_full_vocabulary_with_the_rest_masked():
+    """Draft logits over K ids == full-vocabulary logits that are -inf outside them: same CE (for labels
+    inside), L1, alpha and top-1; labels outside get no CE and are never correct."""
+    rng = np.random.default_rng(0)
+    v, vocab = 11, (1, 2, 5, 8, 9)
+    z = rng.standard_normal((6, len(vocab))).astype(np.float32)
+    zt = rng.standard_normal((6, v)).astype(np.float32)
+    labels = np.array([2, 9, 1, 8, 3, 0])  # the last two are outside
+    full = np.full((6, v), -1e30, np.float32)
+    full[:, vocab] = z
+    ce, l1, alpha, ok = map(np.asarray, row_terms(jnp.asarray(z), jnp.asarray(zt), jnp.asarray(labels), vocab))
+    ce_r, l1_r, alpha_r, ok_r = map(np.asarray, row_terms(jnp.asarray(full), jnp.asarray(zt), jnp.asarray(labels)))
+    np.testing.assert_allclose(ce[:4], ce_r[:4], rtol=1e-6)
+    np.testing.assert_array_equal(ce[4:], 0.0)
+    np.testing.assert_allclose(l1, l1_r, rtol=1e-6)
+    np.testing.assert_allclose(alpha, alpha_r, rtol=1e-6)
+    np.testing.assert_array_equal(ok, ok_r)
+
+
+@pytest.mark.parametrize("carryover", [True, False])
+def test_greedy_with_a_draft_vocabulary_equals_ar(tiny_llama, carryover):
+    target = load_target(tiny_llama.path, tokenizer=False)
+    vocab = list(range(3, 97, 2))  # half the tokens: many target tokens cannot be proposed
+    drafter = _drafter(target, vocab)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 97, size=n).tolist() for n in (4, 13, 7)]
+    ref = generate(target, prompts, max_new_tokens=[17, 5, 23], stop_token_ids=[])
+    out, _ = speculative_generate(target, drafter, prompts, max_new_tokens=[17, 5, 23], stop_token_ids=[],
+                                  carryover=carryover)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+
+
+def test_sampling_with_a_draft_vocabulary_is_lossless(tmp_path):
+    """T = 1, a target of 8 tokens and a drafter that can propose only 4 of them: the first three
+    generated tokens follow the exact target distribution (chi-square, fixed seed)."""
+    from scipy.stats import chisquare
+
+    from tests.hf_models import tiny_hf_model
+
+    tiny = tiny_hf_model("llama", tmp_path, seed=3, vocab_size=8, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    target = load_target(tiny.path, tokenizer=False)
+    V, prompt = 8, [3, 5, 6, 1]
+    seqs = np.array([prompt + list(c) for c in itertools.product(range(V), repeat=3)], np.int32)
+    logp = jax.nn.log_softmax(target.model.apply({"params": target.params}, jnp.asarray(seqs))[0], -1)
+    n0, r = len(prompt), np.arange(len(seqs))
+    exact = np.exp(np.asarray(logp[:, n0 - 1][r, seqs[:, n0]] + logp[:, n0][r, seqs[:, n0 + 1]]
+                              + logp[:, n0 + 1][r, seqs[:, n0 + 2]]))
+    drafter = _drafter(target, (0, 3, 5, 6), proposals=3, seed=1, layer_ids=(0,))
+    n = 3000
+    out, stats = speculative_generate(target, drafter, [prompt] * n, max_new_tokens=3, temperature=1.0,
+                                      stop_token_ids=[], seed=11)
+    idx = np.array([t.token_ids[0] * V * V + t.token_ids[1] * V + t.token_ids[2] for t in out])
+    counts = np.bincount(idx, minlength=V ** 3)
+    order = np.argsort(exact)
+    small = order[np.cumsum(exact[order]) < 0.05]  # pooled so the chi-square approximation holds
+    keep = np.setdiff1d(np.arange(V ** 3), small)
+    obs = np.append(counts[keep], counts[small].sum())
+    exp_ = n * np.append(exact[keep], exact[small].sum())
+    assert chisquare(obs, exp_ * obs.sum() / exp_.sum()).pvalue > 1e-3
+    assert stats["tau"] > 1.05  # drafts are accepted: the acceptance path is exercised
+
+
+def test_trained_drafter_with_a_draft_vocabulary_is_accepted(tiny_llama):
+    """Trained on the target's own continuations with a vocabulary chosen from them: greedy decoding
+    still equals AR and the drafter's proposals (mapped back to target ids) are accepted."""
+    from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
+
+    target = load_target(tiny_llama.path, tokenizer=False)
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(3, 97, size=6).tolist() for _ in range(16)]
+    outs = generate(target, prompts, max_new_tokens=26, stop_token_ids=[])
+    ids = np.array([p + o.token_ids for p, o in zip(prompts, outs)], np.int32)
+    mask = np.zeros_like(ids)
+    mask[:, 6:] = 1
+    vocab, cover = draft_vocabulary(np.bincount(ids[mask == 1], minlength=target.cfg.vocab_size), 32)
+    assert 0.5 < cover < 1.0  # a real subset of what the target says
+    cfg, params = _drafter(target, vocab)
+    tcfg = TrainConfig(num_anchors=16, steps=150, lr=1e-2, warmup_ratio=0.05)
+    sc = step_config(tcfg, target.cfg, cfg)
+    opt = make_optimizer(tcfg, tcfg.steps)
+    state = init_state(params, opt, 0)
+    step = jax.jit(train_step, static_argnums=(0, 1), donate_argnums=(2,))
+    for i in range(tcfg.steps):
+        rows = np.arange(8) + 8 * (i % 2)
+        state, m = step(sc, opt, state, target.params, {"input_ids": ids[rows], "loss_mask": mask[rows]})
+    drafter = (cfg, jax.device_get(state.params))
+    ref = generate(target, prompts[:4], max_new_tokens=24, stop_token_ids=[])
+    out, stats = speculative_generate(target, drafter, prompts[:4], max_new_tokens=24, stop_token_ids=[])
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+    assert stats["tau"] > 1.5
+
+
+def test_native_roundtrip_and_export_errors(tiny_llama, tmp_path):
+    target = load_target(tiny_llama.path, tokenizer=False)
+    cfg, params = _drafter(target, range(3, 60))
+    head = np.asarray(params["lm_head"]["kernel"])
+    embed = np.asarray(target.params["embed_tokens"]["embedding"])
+    ref_head = embed.T if target.cfg.tie_word_embeddings else np.asarray(target.params["lm_head"]["kernel"])
+    np.testing.assert_array_equal(head, ref_head[:, 3:60])  # initialised from the target head's rows
+    np.testing.assert_array_equal(np.asarray(to_target_ids(cfg, jnp.asarray([0, 56]))), [3, 59])
+    cfg2, params2 = load_drafter(save_drafter(cfg, params, tmp_path / "native"))
+    assert cfg2 == cfg
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params, params2)
+    frozen = frozen_from_target(target.params, target.cfg)
+    for fmt in ("zlab", "deepspec"):
+        with pytest.raises(ConfigError, match=f"the {fmt} format has no draft vocabulary"):
+            export_drafter(cfg, params, tmp_path / fmt, fmt, frozen=frozen, dtype=None)
