@@ -546,7 +546,11 @@ class DataConfig:
     max_prompts: int | None = None  # first N prompts of the split (after filtering), None = all
     max_turns: int = 1  # user turns regenerated per conversation
     max_prompt_tokens: int = 512  # longer prompts are skipped
-    max_new_tokens: int = 256  # per regenerated assistant turn
+    # "regenerate": the target answers every user turn itself (its own distribution); "source": the
+    # dataset's first assistant reply is kept verbatim (no generation: as fast as the feature pass, for
+    # training with labels="target" on far more text than a CPU can regenerate)
+    responses: str = "regenerate"
+    max_new_tokens: int = 256  # per regenerated assistant turn (source: reply tokens kept)
     temperature: float = 0.0  # 0 = greedy: the recorded response is the target's own greedy output
     top_p: float = 1.0
     top_k: int = 0  # 0 = off (Qwen3's recommended sampling uses 20)
@@ -614,6 +618,10 @@ class TrainConfig:
     dvd_off_metrics: bool = True  # dvd: also log draft 2 with carried rows withheld (off/*), no gradient
     data: DataConfig = DataConfig()
     features: str = "online"  # "online": frozen target forward per batch; "store": from the feature store
+    # what a proposal is trained to say: "data" = the recorded next token; "target" = the target's own
+    # greedy token at that point (self-distillation: on data.responses="source" text the recorded token
+    # is not what the target would say; on greedy regenerated responses both are the same)
+    labels: str = "data"
     out_dir: str = "runs/train"
     # optimisation (DeepSpec defaults)
     batch_size: int = 8  # global sequences per optimizer step
@@ -653,6 +661,8 @@ class TrainConfig:
             raise ConfigError(f"mode must be 'baseline', 'dvd' or 'control', got {self.mode!r}")
         if self.dvd_carry not in ("hidden", "draft_tokens", "target_tokens"):
             raise ConfigError(f"dvd_carry must be 'hidden', 'draft_tokens' or 'target_tokens', got {self.dvd_carry!r}")
+        if self.labels not in ("data", "target"):
+            raise ConfigError(f"labels must be 'data' or 'target', got {self.labels!r}")
 
     def replace(self, **kw) -> "TrainConfig":
         return dataclasses.replace(self, **kw)
@@ -680,6 +690,30 @@ def apply_overrides(cfg, overrides: list[str]):
     return cfg
 
 
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
+def _coerce(value, current, full):
+    """`value` as the type of the field's current value (when it has one): `false`/`no`/`off` are a
+    bool, `3` for a float field is 3.0, `123` for a str field is "123"; anything else is one error
+    instead of a silently truthy string."""
+    if value is None or current is None or (isinstance(value, type(current))
+                                            and isinstance(value, bool) == isinstance(current, bool)):
+        return value
+    if isinstance(current, bool):
+        if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.lower()]
+        if value in (0, 1) and not isinstance(value, float):
+            return bool(value)
+    elif isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    elif isinstance(current, str) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    elif isinstance(current, tuple) and isinstance(value, (int, str)):
+        return (value,)
+    raise ConfigError(f"{full} expects a {type(current).__name__}, got {value!r}")
+
+
 def _set_path(obj, path, value, full):
     name = path[0]
     if not dataclasses.is_dataclass(obj) or name not in {f.name for f in dataclasses.fields(obj)}:
@@ -687,5 +721,5 @@ def _set_path(obj, path, value, full):
     if len(path) == 1:
         if isinstance(value, list):  # config sequences are tuples (hashable, jit-static)
             value = tuple(value)
-        return dataclasses.replace(obj, **{name: value})
+        return dataclasses.replace(obj, **{name: _coerce(value, getattr(obj, name), full)})
     return dataclasses.replace(obj, **{name: _set_path(getattr(obj, name), path[1:], value, full)})

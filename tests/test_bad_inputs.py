@@ -319,6 +319,14 @@ CLI_ROWS = [
         r"top_p must be in \(0, 1\]"),
     Row("prepare unknown key", lambda e: ["prepare", "--config", "tiny", "--set", "data.nope=1"],
         r"unknown config key 'data\.nope'"),
+    # a value of the wrong type is refused, never kept as a (truthy) string
+    Row("train bool not a word", lambda e: train_args(e, "--set", "remat=maybe"), r"remat expects a bool, got 'maybe'"),
+    Row("train int not a number", lambda e: train_args(e, "--set", "steps=abc"), r"steps expects a int, got 'abc'"),
+    Row("prepare responses unknown", lambda e: [
+        "prepare", "--config", "tiny", "--quiet", "--set", f"target={e.target}", "--set",
+        f"data.store={e.tmp / 'st'}", "--set", f"data.source={e.prompts}", "--set", "data.responses=mine"],
+        r"data\.responses must be 'regenerate' or 'source'"),
+    Row("train labels unknown", lambda e: train_args(e, "--set", "labels=mine"), r"labels must be 'data' or 'target'"),
     # eval
     Row("eval drafter truncated", lambda e: [
         "eval", "--target", str(e.target), "--quiet", "--no-plots", "--out", str(e.tmp / "o"), "--datasets",

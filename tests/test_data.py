@@ -396,3 +396,44 @@ def test_prepare_responses_feature_store(chat_target, tmp_path):
     with pytest.raises(CarryoverError, match="feature_layer_ids"):
         prepare_responses(other, target, progress=False)
     assert store_meta(other, target)["target_config"]["num_layers"] == 3
+
+
+def test_prepare_source_responses_keep_the_dataset_reply(tiny_llama, tmp_path):
+    """responses="source": no generation; a record is the encoded first prompt + the dataset's first
+    assistant reply (its first max_new_tokens tokens; + the stop token when the reply fits)."""
+    from tests.hf_models import add_word_tokenizer
+
+    folder = tmp_path / "t"
+    shutil.copytree(tiny_llama.path, folder)
+    add_word_tokenizer(folder)
+    target = load_target(folder)
+    rows = [{"id": "a", "messages": [{"role": "user", "content": "w5 w6 w7"},
+                                     {"role": "assistant", "content": "w10 w11 w12 w13 w14"},
+                                     {"role": "user", "content": "w20"}, {"role": "assistant", "content": "w21"}]},
+            {"id": "b", "messages": [{"role": "system", "content": "w40"}, {"role": "user", "content": "w8"},
+                                     {"role": "assistant", "content": " ".join(f"w{i}" for i in range(50, 70))}]},
+            {"id": "c", "messages": [{"role": "user", "content": "w9"}, {"role": "assistant", "content": "w30"}]}]
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = DataConfig(source=str(src), store=str(tmp_path / "st"), heldout_per_mille=0, responses="source",
+                     max_new_tokens=8, min_loss_tokens=3, max_prompt_tokens=32)
+    store = prepare_responses(cfg, target, progress=False)
+    stop = target.stop_token_ids[0]
+    assert store.ids() == ["a", "b"] and "c" in store.done_ids()  # c's reply has too few loss tokens
+    a, b = store[0], store[1]
+    assert a["input_ids"].tolist() == target.encode([rows[0]["messages"][0]]) + [10, 11, 12, 13, 14, stop]
+    assert a["loss_mask"].tolist() == [0] * len(target.encode([rows[0]["messages"][0]])) + [1] * 6
+    head = target.encode(rows[1]["messages"][:2])
+    assert b["input_ids"].tolist() == head + list(range(50, 58))  # cut at max_new_tokens: no stop token
+    assert b["loss_mask"].tolist() == [0] * len(head) + [1] * 8
+
+
+def test_config_overrides_take_the_fields_type():
+    from carryover_jax.config import TrainConfig, apply_overrides
+
+    c = apply_overrides(TrainConfig(), ["data.store_features=false", "remat=yes", "lr=1", "name=123",
+                                        "drafter.target_layer_ids=[3, 5]", "epochs=2", "epochs=None"])
+    assert (c.data.store_features, c.remat, c.lr, c.name, c.drafter.target_layer_ids, c.epochs) == \
+        (False, True, 1.0, "123", (3, 5), None)
+    with pytest.raises(CarryoverError, match="data.store_features expects a bool, got 'nope'"):
+        apply_overrides(TrainConfig(), ["data.store_features=nope"])

@@ -76,8 +76,10 @@ def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, 
         z = Drafter(dc).apply({"params": params}, hc, frozen, method=Drafter.logits)
         if dc.markov_rank:  # teacher-forced transition bias from the previous ground-truth token
             z = z + Drafter(dc).apply({"params": params}, pc, method=Drafter.markov_bias)
-        zt = TargetLM(sc.target).apply({"params": target_params}, thc, method=TargetLM.head)
-        return row_terms(z, jax.lax.stop_gradient(zt), lc, dc.draft_vocab)
+        zt = jax.lax.stop_gradient(TargetLM(sc.target).apply({"params": target_params}, thc, method=TargetLM.head))
+        if sc.target_labels:  # self-distillation: what the target itself would say at this point
+            lc = jnp.argmax(zt, axis=-1).astype(lc.dtype)
+        return row_terms(z, zt, lc, dc.draft_vocab)
 
     out = chunked_rows(terms, (h, th, labels, prev), sc.loss_chunk)
     return combine(*[x.reshape(b, n, p) for x in out], blk.eval_mask, gamma=sc.gamma,

@@ -33,8 +33,9 @@ from carryover_jax.train.store import ResponseStore
 SENTINEL = "CARRYOVERxREPLYx7f3a9c"
 # DataConfig fields that change what a store contains; a store reopened with other values is refused.
 # (max_prompts may grow between runs to extend a store; gen_batch_size only groups the work.)
-CONTENT_FIELDS = ("source", "split", "heldout_per_mille", "max_turns", "max_prompt_tokens", "max_new_tokens",
-                  "temperature", "top_p", "top_k", "seed", "store_features", "feature_layer_ids", "min_loss_tokens")
+CONTENT_FIELDS = ("source", "split", "heldout_per_mille", "responses", "max_turns", "max_prompt_tokens",
+                  "max_new_tokens", "temperature", "top_p", "top_k", "seed", "store_features", "feature_layer_ids",
+                  "min_loss_tokens")
 
 
 def store_meta(cfg: DataConfig, target) -> dict[str, Any]:
@@ -61,6 +62,8 @@ def _check(cfg: DataConfig, target) -> None:
     tok = target.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
         raise CarryoverError("prepare_responses needs the target's tokenizer with a chat template")
+    if cfg.responses not in ("regenerate", "source"):
+        raise ConfigError(f"data.responses must be 'regenerate' or 'source', got {cfg.responses!r}")
     if cfg.max_turns < 1 or cfg.max_new_tokens < 1 or cfg.gen_batch_size < 1:
         raise ConfigError("max_turns, max_new_tokens and gen_batch_size must be >= 1")
     limit = target.cfg.max_position_embeddings
@@ -179,6 +182,24 @@ def _replay_batch(cfg: DataConfig, target, batch: list[tuple[Conversation, list[
     return records, skipped
 
 
+def _source_batch(cfg: DataConfig, target, batch: list[tuple[Conversation, list[int]]], batch_index: int):
+    """`responses="source"`: the first prompt and the dataset's own first assistant reply, verbatim
+    (its first `max_new_tokens` tokens, ended by the target's stop token when it fits)."""
+    tok, stop = target.tokenizer, list(target.stop_token_ids)[:1]
+    records, skipped = [], []
+    for conv, ids in batch:
+        msgs = conv.messages
+        first_user = next(i for i, m in enumerate(msgs) if m["role"] == "user")
+        reply = next((m["content"] for m in msgs[first_user + 1:] if m["role"] == "assistant"), "")
+        body = tok(reply, add_special_tokens=False)["input_ids"]
+        body = body[: cfg.max_new_tokens] if len(body) >= cfg.max_new_tokens else body + stop
+        if len(body) < cfg.min_loss_tokens:
+            skipped.append(conv.id)
+            continue
+        records.append({"id": conv.id, "input_ids": list(ids) + body, "loss_mask": [0] * len(ids) + [1] * len(body)})
+    return records, skipped
+
+
 # ---- target features ---------------------------------------------------------------------------------
 @functools.partial(jax.jit, static_argnames=("cfg", "layer_ids"))
 def _features(params, tokens, *, cfg: TargetConfig, layer_ids: tuple[int, ...]):
@@ -217,7 +238,8 @@ def prepare_responses(cfg: DataConfig, target, *, progress: bool = True,
     feats = cfg.store_features
     store = ResponseStore.create_or_open(
         cfg.store, feature_dim=len(cfg.feature_layer_ids) * d if feats else None, hidden=d if feats else None,
-        meta=store_meta(cfg, target), meta_defaults={"target_config": target_config_defaults()},
+        meta=store_meta(cfg, target),
+        meta_defaults={"target_config": target_config_defaults(), "data": {"responses": "regenerate"}},
     )
     done = store.done_ids()
     processed = 0
@@ -226,7 +248,8 @@ def prepare_responses(cfg: DataConfig, target, *, progress: bool = True,
         for index, batch in enumerate(_batches(_planned(cfg, target), cfg.gen_batch_size)):
             todo = [item for item in batch if item[0].id not in done]
             if todo:
-                records, skipped = _replay_batch(cfg, target, todo, index)
+                build = _source_batch if cfg.responses == "source" else _replay_batch
+                records, skipped = build(cfg, target, todo, index)
                 if feats:
                     pairs = target_features(target, [r["input_ids"] for r in records], cfg.feature_layer_ids,
                                             batch_rows=cfg.gen_batch_size)
