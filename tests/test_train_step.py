@@ -9,7 +9,7 @@ import pytest
 
 from carryover_jax.config import DrafterConfig, DrafterSpec, MeshConfig, TargetConfig, TrainConfig
 from carryover_jax.models.drafter import init_drafter_params
-from carryover_jax.models.target import init_params
+from carryover_jax.models.target import TargetLM, init_params
 from carryover_jax.train import anchors as A
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
 from carryover_jax.train.step import (
@@ -248,3 +248,32 @@ def test_sharded_step_with_a_non_adam_optimizer_equals_unsharded():
     assert [x.sharding for x in mu] == [x.sharding for x in jax.tree_util.tree_leaves(st.params)]
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4),
                            ref.params, st.params)
+
+
+def test_target_labels_are_the_targets_greedy_tokens():
+    """labels="target" on the target's own greedy continuations is the data-label loss exactly; on text
+    the target would not say, the two differ (the switch supervises what the target says)."""
+    from carryover_jax.train.losses import baseline_loss
+
+    dc = _drafter_cfg("dflash", "zlab")
+    tp = init_params(TCFG, jax.random.key(0))
+    params = init_drafter_params(dc, jax.random.key(1))
+    rng = np.random.default_rng(3)
+    ids = rng.integers(1, TCFG.vocab_size, (2, 20)).astype(np.int32)
+    for t in range(8, 20):  # greedy continuation of an 8-token prompt, cache-free forwards
+        logits = TargetLM(TCFG).apply({"params": tp}, jnp.asarray(ids[:, :t]))[0]
+        ids[:, t] = np.asarray(jnp.argmax(logits[:, -1], -1))
+    mask = np.zeros_like(ids)
+    mask[:, 8:] = 1
+
+    def loss(labels, x):
+        sc = step_config(TrainConfig(num_anchors=6, labels=labels), TCFG, dc)
+        batch = {"input_ids": jnp.asarray(x), "loss_mask": jnp.asarray(mask)}
+        return baseline_loss(params, sc, tp, batch, jax.random.key(5))[1]
+
+    data, target = loss("data", ids), loss("target", ids)
+    np.testing.assert_allclose(target["ce_loss"], data["ce_loss"], rtol=1e-6)
+    np.testing.assert_array_equal(target["top1_acc@slot"], data["top1_acc@slot"])
+    noisy = ids.copy()
+    noisy[:, 8:] = rng.integers(1, TCFG.vocab_size, (2, 12))
+    assert abs(float(loss("target", noisy)["ce_loss"]) - float(loss("data", noisy)["ce_loss"])) > 1e-3
