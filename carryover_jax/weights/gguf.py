@@ -1,6 +1,6 @@
 """GGUF files -> HF safetensors folders, once, through transformers' dequantizing loader.
 
-Two workarounds (measured in `shared/spec/environment.md` §4): transformers needs `accelerate` to
+Two workarounds (both hit with the installed transformers): it needs `accelerate` to
 load GGUF, and `save_pretrained` refuses a GGUF-loaded model until its quantizer is removed even
 though the weights are dense float32 by then.
 """
