@@ -24,6 +24,15 @@ from carryover_jax.errors import ConfigError
 NAMES = ("tiny", "smollm2", "qwen3_4b", "gemma4_12b")
 
 
+def continuation_stages(config, **cont) -> dict:
+    """STAGES for a config: DVD training and its equal-compute control, both continuing CONFIG's own
+    final drafter with the settings `cont` (steps or epochs, lr, ...), into `<out_dir>/../dvd` and
+    `<out_dir>/../control`; the two differ only in `mode`."""
+    root = Path(config.out_dir).parent
+    return {mode: config.replace(name=f"{config.name}-{mode}", mode=mode, init_from=f"{config.out_dir}/drafter",
+                                 out_dir=str(root / mode), **cont) for mode in ("dvd", "control")}
+
+
 def load_config(name_or_path: str):
     """A config module name from this package or a path to a Python file defining CONFIG; `NAME:STAGE`
     picks a later training stage the module defines in STAGES (e.g. `smollm2:dvd`, `smollm2:control`:

@@ -7,6 +7,7 @@ baseline use `--set drafter.kind=dflash` (CE only); for the z-lab layout `--set 
 """
 
 from carryover_jax.config import DataConfig, DrafterSpec, MeshConfig, TrainConfig
+from carryover_jax.configs import continuation_stages
 
 CONFIG = TrainConfig(
     name="qwen3_4b",
@@ -33,9 +34,4 @@ CONFIG = TrainConfig(
 
 # The paper's Carryover stage: +3 epochs of DVD from the converged baseline, and the equal-compute control
 # (the same 3 epochs without carried rows), which the paper did not run.
-_CONTINUE = dict(init_from="/data/carryover/qwen3_4b/train/drafter", epochs=3)
-STAGES = {
-    "dvd": CONFIG.replace(name="qwen3_4b-dvd", mode="dvd", out_dir="/data/carryover/qwen3_4b/dvd", **_CONTINUE),
-    "control": CONFIG.replace(name="qwen3_4b-control", mode="control", out_dir="/data/carryover/qwen3_4b/control",
-                              **_CONTINUE),
-}
+STAGES = continuation_stages(CONFIG, epochs=3)

@@ -6,6 +6,7 @@ Carryover proposing 7 tokens per round learns from them.
 Feature layers follow the z-lab spacing for 30 layers: (1, 8, 14, 20, 27).
 """
 
+from carryover_jax.configs import continuation_stages
 from carryover_jax.config import DataConfig, DrafterSpec, TrainConfig, zlab_layer_ids
 
 LAYERS = zlab_layer_ids(30)
@@ -30,8 +31,4 @@ CONFIG = TrainConfig(
 # The continuation stage: from the finished baseline drafter, DVD training (Carryover) and the equal-compute
 # control, each for 30% of the baseline's steps (the paper: 10 epochs, then +3), same seed so both see the
 # same batches and anchors. `carryover train --config smollm2:dvd` / `--config smollm2:control`.
-_CONTINUE = dict(init_from="runs/smollm2/train/drafter", steps=120, lr=3e-4, warmup_ratio=0.05, save_every=60)
-STAGES = {
-    "dvd": CONFIG.replace(name="smollm2-dvd", mode="dvd", out_dir="runs/smollm2/dvd", **_CONTINUE),
-    "control": CONFIG.replace(name="smollm2-control", mode="control", out_dir="runs/smollm2/control", **_CONTINUE),
-}
+STAGES = continuation_stages(CONFIG, steps=120, lr=3e-4, warmup_ratio=0.05, save_every=60)

@@ -1,5 +1,6 @@
 """A seconds-long smoke run of prepare + train on the embedded target (tests override target/store)."""
 
+from carryover_jax.configs import continuation_stages
 from carryover_jax.config import DataConfig, DrafterSpec, TrainConfig
 
 CONFIG = TrainConfig(
@@ -17,8 +18,4 @@ CONFIG = TrainConfig(
     async_checkpointing=False,
 )
 
-_CONTINUE = dict(init_from="runs/tiny/train/drafter", steps=4, save_every=2)
-STAGES = {
-    "dvd": CONFIG.replace(name="tiny-dvd", mode="dvd", out_dir="runs/tiny/dvd", **_CONTINUE),
-    "control": CONFIG.replace(name="tiny-control", mode="control", out_dir="runs/tiny/control", **_CONTINUE),
-}
+STAGES = continuation_stages(CONFIG, steps=4, save_every=2)
