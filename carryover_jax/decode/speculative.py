@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 
 from carryover_jax.config import DrafterConfig, TargetConfig
-from carryover_jax.decode.sampling import is_stop, probs, sample
 from carryover_jax.decode import drafting as D
-from carryover_jax.models.drafter import frozen_from_target
+from carryover_jax.decode.sampling import is_stop, probs, sample
 from carryover_jax.models.cache import KVCache
+from carryover_jax.models.drafter import frozen_from_target
 from carryover_jax.models.target import TargetLM, new_cache
 
 Array = jax.Array

@@ -24,15 +24,15 @@ from carryover_jax.train.faults import (
     FiniteGuard, StopSignal, check_disk_space, metrics_lines_upto, prepare_out_dir, save_before_stop,
 )
 from carryover_jax.train.distributed import is_main, maybe_initialize
-from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
 from carryover_jax.train.pipeline import make_train_iter
-from carryover_jax.train.store import ResponseStore
-from carryover_jax.train.vocab import draft_vocabulary, token_counts
-from carryover_jax.weights.drafter_formats import drafter_config_to_dict, save_drafter
+from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
 from carryover_jax.train.step import (
     compile_step, drafter_shardings, init_state, lr_schedule, make_optimizer, state_shardings, step_config,
     target_shardings,
 )
+from carryover_jax.train.store import ResponseStore
+from carryover_jax.train.vocab import draft_vocabulary, token_counts
+from carryover_jax.weights.drafter_formats import drafter_config_to_dict, save_drafter
 
 BATCH_KEYS = ("input_ids", "loss_mask", "features", "last_hidden")
 
