@@ -27,3 +27,12 @@ def tiny_qwen3(tmp_path_factory):
 @pytest.fixture(scope="session", params=["llama", "qwen3"])
 def tiny_model(request, tiny_llama, tiny_qwen3):
     return {"llama": tiny_llama, "qwen3": tiny_qwen3}[request.param]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop jax's compiled executables after each test module: the whole suite in one process
+    otherwise keeps hundreds of programs for 8 host devices alive, and XLA's CPU compiler crashed
+    (SIGSEGV while compiling the sharded train step) late in such a run."""
+    yield
+    jax.clear_caches()
