@@ -286,7 +286,7 @@ def evaluate(target, drafters: Sequence[DrafterEntry | str], *, datasets: Sequen
     if any(skipped.values()) and log is not None:
         log(f"eval: skipped prompts longer than {max_prompt_tokens} tokens: {skipped}")
     items = encode_items(target, prompts, chat=chat)
-    diag = None
+    diag = None  # the diagnostics pass, run after the decoding passes when asked for
     if diagnostics:
         per_ds: dict[str, int] = {}
         diag_items = []
@@ -295,9 +295,11 @@ def evaluate(target, drafters: Sequence[DrafterEntry | str], *, datasets: Sequen
                 diag_items.append(it)
                 per_ds[it.dataset] = per_ds.get(it.dataset, 0) + 1
 
-        def diag():
+        def run_diag():
             return run_diagnostics(target, loaded, diag_items, max_new_tokens=max_new_tokens, max_len=max_len,
                                    progress=progress)
+
+        diag = run_diag
 
     result = run_eval(target, loaded, items, max_new_tokens=max_new_tokens, temperatures=temperatures, seeds=seeds,
                       batch_sizes=batch_sizes, max_len=max_len, progress=progress, diagnostics=diag,
