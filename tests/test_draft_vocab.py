@@ -1,8 +1,6 @@
 """Draft vocabulary (EAGLE-3): choice from the data, losses against the full-vocabulary reference,
 lossless decoding at T = 0 and T = 1, a trained drafter that is accepted, native save/load, export errors."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,30 +78,11 @@ def test_greedy_with_a_draft_vocabulary_equals_ar(tiny_llama, carryover):
 def test_sampling_with_a_draft_vocabulary_is_lossless(tmp_path):
     """T = 1, a target of 8 tokens and a drafter that can propose only 4 of them: the first three
     generated tokens follow the exact target distribution (chi-square, fixed seed)."""
-    from scipy.stats import chisquare
+    from tests.lossless import sampled_pvalue, tiny_sampling_target
 
-    from tests.hf_models import tiny_hf_model
-
-    tiny = tiny_hf_model("llama", tmp_path, seed=3, vocab_size=8, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    target = load_target(tiny.path, tokenizer=False)
-    V, prompt = 8, [3, 5, 6, 1]
-    seqs = np.array([prompt + list(c) for c in itertools.product(range(V), repeat=3)], np.int32)
-    logp = jax.nn.log_softmax(target.model.apply({"params": target.params}, jnp.asarray(seqs))[0], -1)
-    n0, r = len(prompt), np.arange(len(seqs))
-    exact = np.exp(np.asarray(logp[:, n0 - 1][r, seqs[:, n0]] + logp[:, n0][r, seqs[:, n0 + 1]]
-                              + logp[:, n0 + 1][r, seqs[:, n0 + 2]]))
-    drafter = _drafter(target, (0, 3, 5, 6), proposals=3, seed=1, layer_ids=(0,))
-    n = 3000
-    out, stats = speculative_generate(target, drafter, [prompt] * n, max_new_tokens=3, temperature=1.0,
-                                      stop_token_ids=[], seed=11)
-    idx = np.array([t.token_ids[0] * V * V + t.token_ids[1] * V + t.token_ids[2] for t in out])
-    counts = np.bincount(idx, minlength=V ** 3)
-    order = np.argsort(exact)
-    small = order[np.cumsum(exact[order]) < 0.05]  # pooled so the chi-square approximation holds
-    keep = np.setdiff1d(np.arange(V ** 3), small)
-    obs = np.append(counts[keep], counts[small].sum())
-    exp_ = n * np.append(exact[keep], exact[small].sum())
-    assert chisquare(obs, exp_ * obs.sum() / exp_.sum()).pvalue > 1e-3
+    target = tiny_sampling_target(tmp_path)
+    pvalue, stats = sampled_pvalue(target, _drafter(target, (0, 3, 5, 6), proposals=3, seed=1, layer_ids=(0,)))
+    assert pvalue > 1e-3
     assert stats["tau"] > 1.05  # drafts are accepted: the acceptance path is exercised
 
 

@@ -148,42 +148,14 @@ def test_sampling_is_lossless(tmp_path_factory, greedy_drafts):
     """T = 1 on a tiny-vocabulary target: the distribution of the first three generated tokens from
     speculative decoding matches the exact target distribution (chi-square, fixed seed), with drafts
     sampled at T (DeepSpec) or taken by argmax (z-lab's point-mass drafts)."""
-    import itertools
+    from tests.lossless import sampled_pvalue, tiny_sampling_target
 
-    from scipy.stats import chisquare
-
-    from tests.hf_models import tiny_hf_model
-
-    tiny = tiny_hf_model("llama", tmp_path_factory.mktemp(f"v8{greedy_drafts}"), seed=3, vocab_size=8, bos_token_id=1,
-                         eos_token_id=2, pad_token_id=0)
-    target = load_target(tiny.path, tokenizer=False)
-    V = 8
-    prompt = [3, 5, 6, 1]
-    # exact p(x1, x2, x3) by enumeration with cache-free forwards
-    seqs = np.array([prompt + list(c) for c in itertools.product(range(V), repeat=3)], np.int32)
-    logits = np.asarray(target.model.apply({"params": target.params}, jnp.asarray(seqs))[0])
-    logp = jax.nn.log_softmax(jnp.asarray(logits), -1)
-    n0 = len(prompt)
-    lp = (logp[:, n0 - 1][np.arange(len(seqs)), seqs[:, n0]] + logp[:, n0][np.arange(len(seqs)), seqs[:, n0 + 1]]
-          + logp[:, n0 + 1][np.arange(len(seqs)), seqs[:, n0 + 2]])
-    exact = np.exp(np.asarray(lp))
-    assert abs(exact.sum() - 1) < 1e-4
+    target = tiny_sampling_target(tmp_path_factory.mktemp(f"v8{greedy_drafts}"))
     cfg = DrafterConfig.for_target(target.cfg, kind="markov", layout="deepspec", num_proposals=3, num_layers=1,
                                    mask_token_id=4, target_layer_ids=(0,), markov_rank=4)
-    drafter = (cfg, init_drafter_params(cfg, jax.random.key(1)))
-    n = 3000
-    out, stats = speculative_generate(target, drafter, [prompt] * n, max_new_tokens=3, temperature=1.0,
-                                      stop_token_ids=[], seed=11, greedy_drafts=greedy_drafts)
-    idx = np.array([r.token_ids[0] * V * V + r.token_ids[1] * V + r.token_ids[2] for r in out])
-    counts = np.bincount(idx, minlength=V ** 3)
-    # pool cells with small expectation so the chi-square approximation holds
-    order = np.argsort(exact)
-    small = order[np.cumsum(exact[order]) < 0.05]
-    keep = np.setdiff1d(np.arange(V ** 3), small)
-    obs = np.append(counts[keep], counts[small].sum())
-    exp_ = n * np.append(exact[keep], exact[small].sum())
-    exp_ = exp_ * obs.sum() / exp_.sum()
-    assert chisquare(obs, exp_).pvalue > 1e-3
+    pvalue, stats = sampled_pvalue(target, (cfg, init_drafter_params(cfg, jax.random.key(1))),
+                                   greedy_drafts=greedy_drafts)
+    assert pvalue > 1e-3
     assert stats["tau"] > 1.05  # drafts are accepted often enough to exercise the acceptance path
 
 
