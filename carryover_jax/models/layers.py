@@ -145,7 +145,46 @@ class LiveMask:
     lower: Array | None = None  # [B, T] int; chunks wholly below min(lower) are never read
 
 
-def attention_core(q: Array, segments, scale: float) -> Array:
+@flax.struct.dataclass
+class Prefix:
+    """A per-query key range, differentiable (training): query t of row b sees keys
+    lower[b, t] <= s < limit[b, t] (`lower` None = 0). Training's drafter context mask (block n sees
+    context positions < its anchor: `limit` = the anchor repeated over the block's T queries, 0 for
+    unused anchor slots), DVD verification's recorded prefix, a causal prefix (limit = position + 1),
+    per-row lengths (limit constant over t). The einsum and xla backends materialise it as a dense
+    [B, T, S] mask; the pallas backend computes it inside the kernel from the two [B, T] vectors."""
+
+    limit: Array  # [B, T] int
+    lower: Array | None = None  # [B, T] int
+
+    def dense(self, num_keys: int) -> Array:
+        slots = jnp.arange(num_keys)[None, None, :]
+        m = slots < self.limit[:, :, None]
+        return m if self.lower is None else m & (slots >= self.lower[:, :, None])
+
+
+# "einsum": the reference (every mask, CPU default). "xla" / "cudnn": an attention of one dense or
+# `Prefix` segment (the target's cache-free forward: training features) in one
+# jax.nn.dot_product_attention call (implementation "xla", or "cudnn" for bf16/fp16 on GPU, else
+# "xla"); several segments are merged here, and dot_product_attention's lse output has no gradient,
+# so then "xla" is einsum and "cudnn" is "pallas" (below). "pallas": `Prefix` segments
+# through the fused kernel (`kernels.prefix_attention`, Pallas interpret mode off GPU), the rest
+# einsum. `Blockwise` segments (block-diagonal, [T, S/N] scores: small) and `LiveMask` segments
+# (decode: the chunked live-length loop; the shipped decode kernels take one query per row, K/V
+# seq-major, one length per row, see README) are einsum in every backend. "auto": pallas on GPU,
+# einsum elsewhere (TPU: the kernel is Triton-style and untested on Mosaic).
+ATTENTION_BACKENDS = ("einsum", "xla", "cudnn", "pallas", "auto")
+
+
+def resolve_backend(name: str) -> str:
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; one of {', '.join(ATTENTION_BACKENDS)}")
+    if name == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "einsum"
+    return name
+
+
+def attention_core(q: Array, segments, scale: float, backend: str = "einsum") -> Array:
     """Grouped-query attention over one or more key/value segments with explicit masks.
 
     q: [B, T, H, D]; segments: sequence of (k [B, Hkv, S_i, D], v [B, Hkv, S_i, D], mask), keys and
@@ -162,6 +201,10 @@ def attention_core(q: Array, segments, scale: float) -> Array:
     probability 0 (not exp(-inf)), so rows with no visible key return zeros instead of NaN.
     """
     b, t, h, d = q.shape
+    backend = resolve_backend(backend)
+    if backend in ("xla", "cudnn") and len(segments) == 1 and not isinstance(segments[0][2],
+                                                                           (int, Blockwise, LiveMask)):
+        return _dpa_single(q, *segments[0], scale, backend)
     hkv = segments[0][0].shape[1]
     qg = jnp.transpose(q.reshape(b, t, hkv, h // hkv, d), (0, 2, 3, 1, 4))  # [B, Hkv, G, T, D]
     parts = []
@@ -172,8 +215,11 @@ def attention_core(q: Array, segments, scale: float) -> Array:
             parts.append(_blockwise_part(qg, k, v, mask, scale))
         elif isinstance(mask, LiveMask):
             parts.append(_live_part(qg, k, v, mask, scale))
+        elif isinstance(mask, Prefix) and backend in ("pallas", "cudnn"):
+            parts.append(_pallas_part(qg, k, v, mask, scale))
         else:
-            parts.append(_dense_part(qg, k, v, mask[:, None, None, :, :], scale))
+            dense_mask = mask.dense(k.shape[2]) if isinstance(mask, Prefix) else mask
+            parts.append(_dense_part(qg, k, v, dense_mask[:, None, None, :, :], scale))
     mx = parts[0][0]
     for m_i, _, _ in parts[1:]:
         mx = jnp.maximum(mx, m_i)
@@ -195,6 +241,33 @@ def _dense_part(qg: Array, k: Array, v: Array, m5: Array, scale: float):
     p = jnp.where(m5, jnp.exp(s - mx), 0.0)
     o = jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return mx, jnp.sum(p, axis=-1, keepdims=True), o
+
+
+def _pallas_part(qg: Array, k: Array, v: Array, mask: Prefix, scale: float):
+    """A `Prefix` segment through the fused kernel: (lse, 0/1, normalised out) merge like (max, sum,
+    out) — w = exp(lse - max) rescales the normalised output by its softmax mass; a query with no
+    visible key has lse NEG_INF, sum 0 and out 0 (an exact 0 contribution)."""
+    from carryover_jax.models import kernels
+
+    b, hkv, g, t, d = qg.shape
+    out, lse = kernels.prefix_attention(qg.reshape(b, hkv * g, t, d), k, v, mask.limit, mask.lower, scale=scale)
+    lse = lse.reshape(b, hkv, g, t, 1)
+    seen = lse > NEG_INF / 2
+    # the `where`s stop the merge's 0 * inf cotangents of empty rows (denominator 0) at the kernel
+    return (jnp.where(seen, lse, NEG_INF), seen.astype(jnp.float32),
+            jnp.where(seen, out.reshape(b, hkv, g, t, d), 0.0))
+
+
+def _dpa_single(q: Array, k: Array, v: Array, mask, scale: float, backend: str) -> Array:
+    """The whole attention of one dense / `Prefix` segment in one jax.nn.dot_product_attention call
+    (backend "cudnn": cuDNN flash attention for bf16/fp16 on GPU, else XLA); queries with no visible
+    key return 0. (Several segments are not merged through it: its lse output has no gradient.)"""
+    dense_mask = mask.dense(k.shape[2]) if isinstance(mask, Prefix) else mask
+    cudnn = backend == "cudnn" and jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+    impl = "cudnn" if cudnn else "xla"
+    out = jax.nn.dot_product_attention(q, jnp.swapaxes(k, 1, 2).astype(q.dtype), jnp.swapaxes(v, 1, 2).astype(q.dtype),
+                                       mask=dense_mask[:, None], scale=scale, implementation=impl)
+    return jnp.where(jnp.any(dense_mask, axis=-1)[:, :, None, None], out, 0.0).astype(q.dtype)
 
 
 def _live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
@@ -295,6 +368,7 @@ class Attention(nn.Module):
     norm_kind: str = "llama"
     v_norm: bool = False
     k_eq_v: bool = False
+    backend: str = "einsum"  # attention_core's backend (ATTENTION_BACKENDS)
 
     def setup(self):
         kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
@@ -333,7 +407,7 @@ class Attention(nn.Module):
         """segments: (k, v, mask) triples, see `attention_core`."""
         b, t = q.shape[:2]
         scale = 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
-        out = attention_core(q, segments, scale)
+        out = attention_core(q, segments, scale, self.backend)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
 
 

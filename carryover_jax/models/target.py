@@ -24,7 +24,9 @@ import jax.numpy as jnp
 from carryover_jax.config import TargetConfig
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.cache import KVCache, chunk_limit, chunk_mask, write_chunk
-from carryover_jax.models.layers import MLP, Attention, LiveMask, RMSNorm, dtype_of, rope_inv_freq, tied_logits
+from carryover_jax.models.layers import (
+    MLP, Attention, LiveMask, Prefix, RMSNorm, dtype_of, rope_inv_freq, tied_logits,
+)
 
 Array = jax.Array
 
@@ -53,6 +55,8 @@ def window_masks(cfg: TargetConfig, full, query_slots: Array):
     lower = query_slots - (cfg.sliding_window - 1)  # HF: key > query - sliding_window
     if isinstance(full, LiveMask):
         sliding = LiveMask(full.limit, full.chunk, lower=lower)
+    elif isinstance(full, Prefix):
+        sliding = Prefix(full.limit, lower if full.lower is None else jnp.maximum(full.lower, lower))
     else:
         sliding = full & (jnp.arange(full.shape[-1])[None, None, :] >= lower[:, :, None])
     return {"full_attention": full, "sliding_attention": sliding}
@@ -77,7 +81,7 @@ class DecoderLayer(nn.Module):
             embed_dim=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.layer_kv_heads(i),
             head_dim=c.layer_head_dim(i), inv_freq=target_inv_freq(c, i), qk_norm=c.qk_norm,
             use_bias=c.attention_bias, eps=c.rms_norm_eps, dtype=dt, param_dtype=pdt, scale=c.attention_scale,
-            norm_kind=c.norm_kind, v_norm=c.v_norm, k_eq_v=c.layer_k_eq_v(i),
+            norm_kind=c.norm_kind, v_norm=c.v_norm, k_eq_v=c.layer_k_eq_v(i), backend=c.attention_backend,
         )
         self.post_attention_layernorm = RMSNorm(**norm)
         if c.sandwich_norms:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from carryover_jax.decode.drafting import sequential_proposals
 from carryover_jax.models.drafter import Drafter, frozen_from_target
-from carryover_jax.models.layers import Blockwise
+from carryover_jax.models.layers import Blockwise, Prefix
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.target import DecoderLayer, TargetLM, layer_type, window_masks
 from carryover_jax.train import anchors as A
@@ -79,8 +79,9 @@ def verify_blocks(sc: StepConfig, target_params, ids: Array, anchors: Array, kee
     first = jnp.take_along_axis(ids, anchors, axis=1)
     tokens = jnp.concatenate([first[..., None], proposals], axis=-1).reshape(b, n * tv)
     positions = (anchors[..., None] + jnp.arange(tv)).reshape(b, n * tv)
-    a = jnp.repeat(anchors, tv, axis=1)
-    prefix_mask = (jnp.arange(s)[None, None, :] < a[:, :, None]) & jnp.repeat(keep, tv, axis=1)[:, :, None]
+    # block n sees the recorded sequence before its anchor: a per-query key limit (never a [N*(P+1), S]
+    # mask in the fused attention backends)
+    prefix_mask = Prefix(jnp.repeat(jnp.where(keep, anchors, 0), tv, axis=1).astype(jnp.int32))
     if tc.sliding_window is not None and tv > tc.sliding_window:
         raise ConfigError(f"DVD verification blocks of {tv} tokens exceed the target's sliding window "
                           f"{tc.sliding_window}")

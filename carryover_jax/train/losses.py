@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from carryover_jax.config import DrafterConfig
 from carryover_jax.models.drafter import Drafter, frozen_from_target, proposal_slots
+from carryover_jax.models.layers import Prefix
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
 from carryover_jax.train.objectives import combine, row_terms
@@ -53,7 +54,7 @@ def proposal_hidden(params, dc: DrafterConfig, frozen, feats, blk: A.Blocks, car
         kw = dict(zip(("carried", "carried_positions", "carried_valid"), carried))
     h = Drafter(dc, remat=remat).apply(
         {"params": params}, blk.tokens, blk.positions, frozen, feats.astype(jnp.dtype(dc.backbone.dtype)),
-        jnp.broadcast_to(jnp.arange(s)[None], (b, s)), A.context_mask(blk, t, s),
+        jnp.broadcast_to(jnp.arange(s)[None], (b, s)), Prefix(A.context_limit(blk, t)),
         block_mask=t, return_hidden=True, **kw,  # block-diagonal: each of the N blocks sees only itself
     )
     return h.reshape(b, n, t, -1)[:, :, proposal_slots(dc)]

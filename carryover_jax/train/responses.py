@@ -41,7 +41,8 @@ CONTENT_FIELDS = ("source", "split", "heldout_per_mille", "responses", "max_turn
 def store_meta(cfg: DataConfig, target) -> dict[str, Any]:
     """What a store's records depend on: the target (name, architecture, stop tokens), its chat template,
     the feature layers and the content-defining data settings. Numerics dtypes are not included."""
-    tcfg = {k: v for k, v in dataclasses.asdict(target.cfg).items() if k not in ("dtype", "param_dtype")}
+    tcfg = {k: v for k, v in dataclasses.asdict(target.cfg).items()
+            if k not in ("dtype", "param_dtype", "attention_backend")}
     template = getattr(target.tokenizer, "chat_template", None) or ""
     return {
         "target": target.path.name if target.path is not None else None,

@@ -57,9 +57,11 @@ def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: Drafter
     if cfg.mode == "dvd" and not drafter_cfg.carryover:
         raise ConfigError("mode=dvd trains e_rej, but this drafter has none: set drafter.carryover=true "
                           "(or mode=control for the equal-compute run without carried rows)")
+    ab = cfg.attention_backend
     return StepConfig(
-        target=target_cfg.replace(dtype=dt),
-        drafter=drafter_cfg.replace(backbone=drafter_cfg.backbone.replace(dtype=dt, param_dtype="float32")),
+        target=target_cfg.replace(dtype=dt, attention_backend=ab),
+        drafter=drafter_cfg.replace(backbone=drafter_cfg.backbone.replace(dtype=dt, param_dtype="float32",
+                                                                          attention_backend=ab)),
         num_anchors=cfg.num_anchors, gamma=cfg.loss_decay_gamma, ce_weight=ce, l1_weight=l1, remat=cfg.remat,
         loss_chunk=cfg.loss_chunk_rows, mode=cfg.mode, carry=cfg.dvd_carry, off_metrics=cfg.dvd_off_metrics,
         target_labels=cfg.labels == "target",

@@ -1,0 +1,202 @@
+"""Attention backends (models/layers.py ATTENTION_BACKENDS) against the einsum reference: values and
+gradients for causal prefixes, per-row lengths, training's anchor mask (both layouts), DVD's prefix,
+carried segments with every rejected count, and a backend-switched train step. The Pallas kernel runs
+in interpret mode here (CPU); its GPU compilation and speed are checked by `carryover bench steps`."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
+from carryover_jax.models.drafter import carried_segment_mask, init_drafter_params
+from carryover_jax.models.kernels import prefix_attention
+from carryover_jax.models.layers import Blockwise, Prefix, attention_core, resolve_backend
+from carryover_jax.models.target import init_params
+from carryover_jax.train import anchors as A
+from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
+
+BACKENDS = ("xla", "cudnn", "pallas")  # cudnn off GPU: its one-segment path through XLA's dpa
+B, H, HKV, D = 2, 4, 2, 16
+
+
+def _qkv(rng, t, s, b=B):
+    q = jnp.asarray(rng.normal(size=(b, t, H, D)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(b, HKV, s, D)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(b, HKV, s, D)), jnp.float32)
+    return q, k, v
+
+
+@functools.lru_cache(maxsize=None)
+def _grads(segments_of, backend):
+    def loss(q, kvs, extra):
+        out = attention_core(q, segments_of(kvs, *extra), 0.37, backend)
+        return jnp.sum(jnp.sin(out) * out), out
+
+    def run(q, kvs, extra):
+        (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(q, kvs, extra)
+        return out, grads
+    return jax.jit(run)
+
+
+def _check(segments_of, q, kvs, backend, extra=(), atol=2e-5):
+    """attention_core(backend) == einsum for the output and for d/d(q, every k, every v) of a
+    nonlinear functional of it; `segments_of(kvs, *extra)` (one compiled program per function)."""
+    want, gw = _grads(segments_of, "einsum")(q, kvs, extra)
+    got, gg = _grads(segments_of, backend)(q, kvs, extra)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=atol, rtol=1e-5)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol,
+                                                                   rtol=1e-4), gg, gw)
+    return got
+
+
+def _one(kv, mask):
+    return [(kv[0], kv[1], mask)]
+
+
+def test_kernel_alone_matches_masked_softmax_with_lse():
+    rng = np.random.default_rng(0)
+    t, s = 20, 37  # neither a multiple of the tiles: padded queries and keys
+    q = jnp.asarray(rng.normal(size=(B, H, t, D)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(B, HKV, s, D)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(B, HKV, s, D)), jnp.float32)
+    limit = jnp.asarray(rng.integers(0, s + 1, (B, t)), jnp.int32)
+    lower = jnp.asarray(rng.integers(0, 12, (B, t)), jnp.int32)
+    out, lse = prefix_attention(q, k, v, limit, lower, scale=0.3, block_q=16, block_k=16)
+    kk, vv = jnp.repeat(k, H // HKV, 1), jnp.repeat(v, H // HKV, 1)
+    m = Prefix(limit, lower).dense(s)[:, None]
+    sc = jnp.einsum("bhtd,bhsd->bhts", q, kk) * 0.3
+    p = jnp.where(m, jax.nn.softmax(jnp.where(m, sc, -jnp.inf), axis=-1), 0.0)
+    any_ = jnp.any(m, -1)
+    np.testing.assert_allclose(out, jnp.where(any_[..., None], jnp.einsum("bhts,bhsd->bhtd", p, vv), 0), atol=2e-6)
+    want_lse = jax.nn.logsumexp(jnp.where(m, sc, -jnp.inf), axis=-1)
+    np.testing.assert_allclose(jnp.where(any_, lse, 0), jnp.where(any_, want_lse, 0), atol=2e-6)
+    empty = ~np.broadcast_to(np.asarray(any_), lse.shape)
+    assert empty.any() and np.all(np.asarray(lse)[empty] <= -1e29) and np.all(np.asarray(out)[empty] == 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_prefix_and_per_row_lengths(backend):
+    rng = np.random.default_rng(1)
+    t = s = 24
+    q, k, v = _qkv(rng, t, s)
+    causal = Prefix(jnp.broadcast_to(jnp.arange(1, t + 1)[None], (B, t)).astype(jnp.int32))
+    _check(_one, q, (k, v), backend, (causal,))
+    lengths = jnp.asarray([0, 17], jnp.int32)  # a row with no visible key returns zeros
+    rows = Prefix(jnp.broadcast_to(lengths[:, None], (B, t)))
+    out = _check(_one, q, (k, v), backend, (rows,))
+    assert np.all(np.asarray(out)[0] == 0)
+    window = Prefix(causal.limit, lower=causal.limit - 5)  # a sliding window as the lower bound
+    _check(_one, q, (k, v), backend, (window,))
+
+
+def _anchor_blocks(layout, rng, s=23, n=3, proposals=3):
+    tc = TargetConfig(family="qwen3", vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=4,
+                      num_heads=H, num_kv_heads=HKV, head_dim=D, qk_norm=True)
+    dc = DrafterConfig.for_target(tc, kind="dflash", layout=layout, num_proposals=proposals, num_layers=1,
+                                  mask_token_id=0, target_layer_ids=(0, 2))
+    ids = jnp.asarray(rng.integers(1, 32, (B, s)), jnp.int32)
+    lm = np.zeros((B, s), np.int32)
+    lm[0, 3:] = 1
+    lm[1, 15:17] = 1  # one candidate anchor: the other slots are unused (limit 0)
+    anchors, keep, nvalid = A.sample_anchors(jax.random.key(3), jnp.asarray(lm), n)
+    return dc, A.build_blocks(dc, ids, jnp.asarray(lm), anchors, keep, nvalid)
+
+
+# several segments: "cudnn" runs `Prefix` through the kernel like "pallas", "xla" runs einsum
+@pytest.mark.parametrize("layout,backend", [("zlab", "pallas"), ("deepspec", "pallas"), ("zlab", "xla"),
+                                            ("deepspec", "cudnn")])
+def test_training_anchor_mask_with_carried_rows(layout, backend):
+    """The drafter's training attention: [context (anchor prefix) ; carried (per block, valid below
+    the rejected count) ; block (block-diagonal)], as `proposal_hidden` builds it."""
+    rng = np.random.default_rng(2)
+    s = 23
+    dc, blk = _anchor_blocks(layout, rng, s)
+    t, p, n = dc.block_size, dc.num_proposals, blk.anchors.shape[1]
+    limit = A.context_limit(blk, t)
+    np.testing.assert_array_equal(Prefix(limit).dense(s), A.context_mask(blk, t, s))
+    q, k, v = _qkv(rng, n * t, s)
+    kc, vc = _qkv(rng, n * p, n * p)[1:]
+    kb, vb = _qkv(rng, n * t, n * t)[1:]
+    count = jnp.asarray(rng.integers(0, p + 1, (B, n)))
+    valid = (jnp.arange(p)[None, None] < count[..., None]).reshape(B, n * p)
+    cmask = carried_segment_mask(valid, n * t, t)
+    _check(_training_segments, q, (k, v, kc, vc, kb, vb), backend, (Prefix(limit), cmask, Blockwise(n)))  # Blockwise(n) = the int block size t
+
+
+def _training_segments(kv, ctx, carried, block):
+    return [(kv[0], kv[1], ctx), (kv[2], kv[3], carried), (kv[4], kv[5], block)]
+
+
+@pytest.mark.parametrize("backend", ("einsum", "pallas"))
+def test_carried_rows_with_count_zero_contribute_exactly_nothing(backend):
+    """Decoding's one block: context prefix + carried rows j < count for count 0..P + the block. Count 0
+    gives bit for bit the attention without the carried segment; every count matches einsum."""
+    rng = np.random.default_rng(4)
+    t, s, p = 5, 19, 4
+    q, k, v = _qkv(rng, t, s)
+    kc, vc = _qkv(rng, p, p)[1:]
+    kb, vb = _qkv(rng, t, t)[1:]
+    ctx = Prefix(jnp.broadcast_to(jnp.asarray([7, 19])[:, None], (B, t)).astype(jnp.int32))
+    full = jnp.ones((B, t, t), bool)
+    without = attention_core(q, [(k, v, ctx), (kb, vb, full)], 0.37, backend)
+    for count in range(p + 1):
+        valid = jnp.broadcast_to(jnp.arange(p)[None] < count, (B, p))
+        extra = (ctx, Blockwise(1, key_valid=valid), full)
+        if backend != "einsum":
+            _check(_training_segments, q, (k, v, kc, vc, kb, vb), backend, extra)
+        if count == 0:  # (both op by op: one compiled program may fuse differently from another)
+            got = attention_core(q, _training_segments((k, v, kc, vc, kb, vb), *extra), 0.37, backend)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(without))
+
+
+def test_dense_segments_and_auto():
+    rng = np.random.default_rng(5)
+    t, s = 6, 11
+    q, k, v = _qkv(rng, t, s)
+    m = jnp.asarray(rng.random((B, t, s)) < 0.5).at[0, 2].set(False)
+    for backend in BACKENDS:
+        _check(_one, q, (k, v), backend, (m,))
+    assert resolve_backend("auto") == ("pallas" if jax.default_backend() == "gpu" else "einsum")
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        resolve_backend("flash")
+
+
+TCFG = TargetConfig(family="qwen3", vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
+                    num_kv_heads=2, head_dim=16, qk_norm=True)
+
+
+def test_backend_switched_train_step_equals_the_reference():
+    """Two DVD optimizer steps of the tiny config with the pallas backend: loss, gradient norm and params
+    equal the einsum run. The drafter's context attention (draft 1 and the trained draft 2) and
+    verification's prefix of the recorded sequence go through the kernel."""
+    mode = "dvd"
+    dc = DrafterConfig.for_target(TCFG, kind="markov", layout="zlab", num_proposals=3, num_layers=1,
+                                  mask_token_id=0, target_layer_ids=(0, 2), markov_rank=8)
+    tp = init_params(TCFG, jax.random.key(0))
+    rng = np.random.default_rng(6)
+    ids = rng.integers(0, 32, (2, 16)).astype(np.int32)
+    lm = np.zeros((2, 16), np.int32)
+    lm[0, 3:] = 1
+    lm[1, 9:] = 1
+    batch = {"input_ids": ids, "loss_mask": lm}
+    out = {}
+    for bk in ("einsum", "pallas"):
+        cfg = TrainConfig(num_anchors=3, steps=2, mode=mode, attention_backend=bk, dvd_off_metrics=False)
+        sc = step_config(cfg, TCFG, dc)
+        assert sc.drafter.backbone.attention_backend == bk == sc.target.attention_backend
+        opt = make_optimizer(cfg, cfg.steps)
+        state = init_state(init_drafter_params(dc, jax.random.key(1)), opt, 3)
+        step = jax.jit(train_step, static_argnums=(0, 1))
+        losses = []
+        for _ in range(2):
+            state, m = step(sc, opt, state, tp, batch)
+            losses.append(float(m["loss"]))
+        out[bk] = (losses, state.params, float(m["grad_norm"]))
+    l0, p0, g0 = out["einsum"]
+    l1, p1, g1 = out["pallas"]
+    np.testing.assert_allclose(l1, l0, rtol=1e-5)
+    np.testing.assert_allclose(g1, g0, rtol=1e-4)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), p1, p0)
