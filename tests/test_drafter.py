@@ -262,6 +262,10 @@ def test_layers_from_target_start_from_the_targets_last_layers_and_context(tiny_
     cfg = DrafterConfig.for_target(target.cfg, target_layer_ids=(0, 1), **kw)
     params = layers_from_target(cfg, init_drafter_params(cfg, jax.random.key(0)), target.params)
     last = target.cfg.num_layers - 1
+    # fresh buffers: a train step donates the drafter's params, which must not free the target's
+    pointers = [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(params)]
+    assert len(set(pointers)) == len(pointers)
+    assert not set(pointers) & {x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(target.params)}
     for path, leaf in jax.tree_util.tree_leaves_with_path(target.params["layers"][str(last)]):
         mine = params["layers"]["0"]
         for key in path:

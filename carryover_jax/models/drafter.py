@@ -241,14 +241,14 @@ def layers_from_target(cfg: DrafterConfig, params, target_params) -> dict:
     for i in range(n):
         own = params["layers"][str(i)]
         dtype = own["input_layernorm"]["weight"].dtype
-        copied = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), src[str(first + i)])
+        copied = jax.tree_util.tree_map(lambda x: jnp.array(x, dtype), src[str(first + i)])  # copies: no aliasing
         attn = {**own["self_attn"], **copied["self_attn"]}
         layers[str(i)] = {**own, **copied, "self_attn": attn}
     fc = jnp.zeros_like(params["fc"]["kernel"])
     fc = fc.at[taps[-1] * d:(taps[-1] + 1) * d].set(jnp.eye(d, dtype=fc.dtype))
     out = {**params, "layers": layers, "fc": {"kernel": fc},
-           "hidden_norm": {"weight": jnp.asarray(src[str(first)]["input_layernorm"]["weight"])},
-           "norm": {"weight": jnp.asarray(target_params["norm"]["weight"])}}
+           "hidden_norm": {"weight": jnp.array(src[str(first)]["input_layernorm"]["weight"])},
+           "norm": {"weight": jnp.array(target_params["norm"]["weight"])}}
     return out
 
 
