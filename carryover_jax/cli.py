@@ -202,7 +202,7 @@ def _cmd_bench(args) -> int:
         result = bench_steps.run(tcfg.replace(**over), kind=args.kind, layout=args.layout,
                                  proposals=args.proposals, draft_layers=args.draft_layers, batch=args.batch,
                                  context=args.context, train_batch=args.train_batch, train_len=args.train_len,
-                                 anchors=args.anchors)
+                                 anchors=args.anchors, backends=tuple(args.backend or ["einsum"]))
         print(bench_steps.format_table(result))
         _write_result(result, args.out)
         return 0
@@ -211,6 +211,20 @@ def _cmd_bench(args) -> int:
         from carryover_jax.config import apply_overrides, preset
         from carryover_jax.configs import load_config
 
+        if args.memory:  # compiled per-device memory of the paper configs, per attention backend
+            from carryover_jax.config import MeshConfig
+
+            mesh = dict(kv.split("=") for kv in (args.mesh or "data=-1").split(","))
+            mesh_cfg = MeshConfig(**{k: int(v) for k, v in mesh.items()})
+            cfgs = {}
+            for name in args.memory_configs.split(","):
+                c = load_config(name).replace(mesh=mesh_cfg, mode="dvd" if args.mode == "dvd" else "baseline")
+                cfgs[name] = apply_overrides(c, args.set or [])
+            result = bench_train.memory_table(cfgs, devices=args.devices, backends=tuple(args.backend or
+                                                                                         ["einsum", "pallas"]))
+            print(bench_train.format_memory(result))
+            _write_result(result, args.out)
+            return 0
         cfg = apply_overrides(load_config(args.config), args.set or [])
         dvd = args.mode == "dvd"
         result = (bench_train.run_dvd if dvd else bench_train.run)(cfg, steps=args.steps)
@@ -326,6 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--mode", choices=["features", "dvd"], default="features",
                    help="bench train: online vs stored features, or DVD/control vs baseline steps on one batch")
     b.add_argument("--devices", type=int, default=64, help="bench train: devices for the Qwen3-4B memory estimate")
+    b.add_argument("--memory", action="store_true", help="bench train: per-device memory of the compiled step of "
+                   "the paper configs (--memory-configs) under --mesh on --devices, per --backend")
+    b.add_argument("--memory-configs", default="qwen3_4b,gemma4_12b", help="bench train --memory: config names")
+    b.add_argument("--mesh", default=None, help="bench train --memory: e.g. data=8,fsdp=8 (default data=-1)")
+    b.add_argument("--backend", nargs="+", default=None, choices=["einsum", "xla", "cudnn", "pallas", "auto"],
+                   help="bench steps: train step per attention backend (default einsum); "
+                        "bench train --memory: backends compared (default einsum pallas)")
     b.add_argument("--drafter", help="bench decode: drafter folder (default: an untrained random drafter)")
     b.add_argument("--prompts", type=int, default=4, help="bench decode: prompts decoded one by one")
     b.add_argument("--breakdown", action="store_true", help="bench decode: AR step / draft / verify / round times "

@@ -123,7 +123,8 @@ def test_training_anchor_mask_with_carried_rows(layout, backend):
     count = jnp.asarray(rng.integers(0, p + 1, (B, n)))
     valid = (jnp.arange(p)[None, None] < count[..., None]).reshape(B, n * p)
     cmask = carried_segment_mask(valid, n * t, t)
-    _check(_training_segments, q, (k, v, kc, vc, kb, vb), backend, (Prefix(limit), cmask, Blockwise(n)))  # Blockwise(n) = the int block size t
+    # Blockwise(n): what the int block size t stands for (an int would be traced under jit here)
+    _check(_training_segments, q, (k, v, kc, vc, kb, vb), backend, (Prefix(limit), cmask, Blockwise(n)))
 
 
 def _training_segments(kv, ctx, carried, block):
@@ -173,9 +174,10 @@ def test_backend_switched_train_step_equals_the_reference():
     equal the einsum run. The drafter's context attention (draft 1 and the trained draft 2) and
     verification's prefix of the recorded sequence go through the kernel."""
     mode = "dvd"
-    dc = DrafterConfig.for_target(TCFG, kind="markov", layout="zlab", num_proposals=3, num_layers=1,
-                                  mask_token_id=0, target_layer_ids=(0, 2), markov_rank=8)
-    tp = init_params(TCFG, jax.random.key(0))
+    tc = TCFG.replace(num_layers=3)
+    dc = DrafterConfig.for_target(tc, kind="markov", layout="zlab", num_proposals=3, num_layers=1,
+                                  mask_token_id=0, target_layer_ids=(0, 1), markov_rank=8)
+    tp = init_params(tc, jax.random.key(0))
     rng = np.random.default_rng(6)
     ids = rng.integers(0, 32, (2, 16)).astype(np.int32)
     lm = np.zeros((2, 16), np.int32)
@@ -185,7 +187,7 @@ def test_backend_switched_train_step_equals_the_reference():
     out = {}
     for bk in ("einsum", "pallas"):
         cfg = TrainConfig(num_anchors=3, steps=2, mode=mode, attention_backend=bk, dvd_off_metrics=False)
-        sc = step_config(cfg, TCFG, dc)
+        sc = step_config(cfg, tc, dc)
         assert sc.drafter.backbone.attention_backend == bk == sc.target.attention_backend
         opt = make_optimizer(cfg, cfg.steps)
         state = init_state(init_drafter_params(dc, jax.random.key(1)), opt, 3)
@@ -200,3 +202,62 @@ def test_backend_switched_train_step_equals_the_reference():
     np.testing.assert_allclose(l1, l0, rtol=1e-5)
     np.testing.assert_allclose(g1, g0, rtol=1e-4)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), p1, p0)
+
+
+@pytest.mark.parametrize("backend", ["pallas"])  # (xla's one-segment path: test_causal_prefix_and_per_row_lengths)
+def test_target_feature_forward_through_the_backend(backend):
+    """The target's cache-free forward (training features, DVD's prefix K/V): causal as a `Prefix`, a
+    sliding window as its lower bound; taps and final hidden equal the einsum forward."""
+    from carryover_jax.models.target import TargetLM
+
+    tc = TCFG.replace(layer_types=("sliding_attention", "full_attention") * 2, sliding_window=5)
+    params = init_params(tc, jax.random.key(2))
+    ids = jnp.asarray(np.random.default_rng(7).integers(0, 32, (2, 19)), jnp.int32)
+    out = {}
+    for bk in ("einsum", backend):
+        out[bk] = jax.jit(lambda p, x, bk=bk: TargetLM(tc.replace(attention_backend=bk)).apply(
+            {"params": p}, x, (0, 2), method=TargetLM.features))(params, ids)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5),
+                           out[backend], out["einsum"])
+
+
+def _live(kv, ctx, block):
+    return [(kv[0], kv[1], ctx), (kv[2], kv[3], block)]
+
+
+@pytest.mark.parametrize("lower", [False, True])
+def test_live_length_cache_reads_through_the_kernel(lower):
+    """Decode's cache segment (`LiveMask`: per-row live lengths, causal within the chunk, a sliding
+    window's lower bound) + a carried/block segment: pallas (flash decoding, heads folded into the
+    query axis) == the chunked einsum loop."""
+    from carryover_jax.models.layers import LiveMask
+
+    rng = np.random.default_rng(8)
+    t, s = 5, 70
+    q, k, v = _qkv(rng, t, s)
+    kb, vb = _qkv(rng, t, t)[1:]
+    lengths = jnp.asarray([3, 61])
+    limit = (lengths[:, None] + jnp.arange(1, t + 1)[None]).astype(jnp.int32)
+    mask = LiveMask(limit, chunk=16, lower=(limit - 9) if lower else None)
+    segs = _live((k, v, kb, vb), mask, jnp.ones((B, t, t), bool))
+    want = jax.jit(lambda q, segs: attention_core(q, segs, 0.37, "einsum"))(q, segs)
+    got = jax.jit(lambda q, segs: attention_core(q, segs, 0.37, "pallas"))(q, segs)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
+
+
+def test_speculative_decoding_with_the_pallas_backend_equals_ar(tiny_llama):
+    """Greedy speculative decoding with target and drafter on the pallas backend (cache reads through
+    the kernel) reproduces einsum AR decoding token for token."""
+    from carryover_jax import generate, load_target
+    from carryover_jax.decode.generate import speculative_generate
+
+    target = load_target(tiny_llama.path, tokenizer=False)
+    cfg = DrafterConfig.for_target(target.cfg, kind="dflash", layout="zlab", num_proposals=3, num_layers=1,
+                                   mask_token_id=4, target_layer_ids=(0, 1))
+    params = init_drafter_params(cfg, jax.random.key(0))
+    prompts = [list(range(3, 9)), list(range(20, 33))]
+    ref = generate(target, prompts, max_new_tokens=[9, 6], stop_token_ids=[])
+    target.cfg = target.cfg.replace(attention_backend="pallas")
+    drafter = (cfg.replace(backbone=cfg.backbone.replace(attention_backend="pallas")), params)
+    out, _ = speculative_generate(target, drafter, prompts, max_new_tokens=[9, 6], stop_token_ids=[])
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]

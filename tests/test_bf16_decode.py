@@ -47,7 +47,8 @@ def test_bf16_target_loads_caches_and_follows_float32_greedy(tiny_llama):
 def test_bf16_greedy_speculative_equals_bf16_ar(tiny_llama, kind, layout, carryover):
     target = load_target(tiny_llama.path, tokenizer=False, dtype="bfloat16")
     cfg = DrafterConfig.for_target(target.cfg, kind=kind, layout=layout, num_proposals=4, num_layers=1,
-                                   mask_token_id=4, target_layer_ids=(0, 1), markov_rank=8 if kind == "markov" else None)
+                                   mask_token_id=4, target_layer_ids=(0, 1),
+                                   markov_rank=8 if kind == "markov" else None)
     drafter = _bf16_drafter(cfg, init_drafter_params(cfg, jax.random.key(0)))
     prompts = _prompts()
     ref = generate(target, prompts, max_new_tokens=MAX_NEW, stop_token_ids=[])

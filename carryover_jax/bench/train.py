@@ -11,6 +11,7 @@ block-diagonal), and the draft + aligned target logits over the full vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import tempfile
@@ -22,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from carryover_jax.bench.steps import _median_ms
-from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
+from carryover_jax.config import DrafterConfig, MeshConfig, TargetConfig, TrainConfig
+from carryover_jax.errors import ConfigError
 from carryover_jax.loading import load_target
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.target import abstract_params
@@ -158,3 +160,103 @@ def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
         out["dvd_draft1_logits_gb"] = rows * target_cfg.vocab_size * 4 / 1e9
     out["total_gb"] = sum(v for k, v in out.items() if k.endswith("_gb"))
     return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def _mesh_sizes(mesh: MeshConfig, devices: int) -> tuple[int, int, int]:
+    sizes = [mesh.data, mesh.fsdp, mesh.tensor]
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+        sizes[sizes.index(-1)] = max(1, devices // known)
+    if math.prod(sizes) != devices:
+        raise ConfigError(f"mesh data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]} does not use {devices} devices")
+    return tuple(sizes)
+
+
+def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterConfig, *, devices: int,
+                    backend: str = "einsum") -> dict:
+    """Per-device bytes of one training step of `cfg` (its mode, mesh, batch, remat, dtypes) with the
+    attention backend `backend`, from XLA's memory analysis of the compiled step on abstract inputs
+    (nothing is allocated): `jit(step).lower(...).compile().memory_analysis()`.
+
+    With at least `devices` local devices (a pod, or CPU with XLA_FLAGS=--xla_force_host_platform_device_count=N)
+    the sharded step over the mesh is compiled. Otherwise a pure data-parallel mesh compiles one device's
+    program (the local batch; what the all-reduce of the gradients adds is one gradient-sized buffer), and
+    any other mesh falls back to `memory_estimate` (eval_shape). Compiled on a platform other than the
+    target one (CPU for GPU), the numbers are that platform's buffer assignment for the same program: the
+    Pallas kernel runs in interpret mode there, which keeps its tiles, not [T, S] buffers."""
+    from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh
+    from carryover_jax.train.step import (compile_step, drafter_shardings, state_shardings,
+                                          target_shardings)
+    import flax.linen as nn
+
+    data, fsdp, tensor = _mesh_sizes(cfg.mesh, devices)
+    run_cfg = cfg.replace(attention_backend=backend, features="online")
+    sc = step_config(run_cfg, target_cfg, dcfg)
+    opt = make_optimizer(run_cfg, 10)
+    tdt = "bfloat16" if cfg.compute_dtype == "bfloat16" else "float32"
+    tparams = abstract_params(sc.target.replace(param_dtype=tdt))
+    state = jax.eval_shape(lambda: init_state(init_drafter_params(sc.drafter, jax.random.key(0)), opt, 0))
+    s = cfg.data.max_len
+    base = {"devices": devices, "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor}, "backend": backend,
+            "global_batch": cfg.batch_size, "max_len": s, "num_anchors": cfg.num_anchors, "mode": cfg.mode}
+    if len(jax.devices()) >= devices:
+        b = cfg.batch_size
+        batch = {k: jax.ShapeDtypeStruct((b, s), jnp.int32) for k in ("input_ids", "loss_mask")}
+        mesh = make_mesh(cfg.mesh, jax.devices()[:devices])
+        with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+            psh = drafter_shardings(sc.drafter, mesh, cfg.mesh.shard_drafter)
+            fn = compile_step(sc, opt, mesh, state_shardings(state, psh, mesh), target_shardings(sc.target, mesh),
+                              {"input_ids": 2, "loss_mask": 2})
+            ma = fn.lower(state, tparams, batch).compile().memory_analysis()
+        method = f"compiled: the sharded step over {devices} devices"
+    elif fsdp == 1 and tensor == 1:
+        b = max(1, cfg.batch_size // devices)
+        batch = {k: jax.ShapeDtypeStruct((b, s), jnp.int32) for k in ("input_ids", "loss_mask")}
+        fn = jax.jit(functools.partial(train_step, sc, opt), donate_argnums=(0,))
+        ma = fn.lower(state, tparams, batch).compile().memory_analysis()
+        method = f"compiled: one device's program (local batch {b}; data parallel)"
+    else:
+        est = memory_estimate(cfg, target_cfg, dcfg, devices=devices, dvd=cfg.mode != "baseline")
+        return {**base, "method": "estimate (eval_shape; compile needs the devices)", "total_gb": est["total_gb"],
+                "estimate": est}
+    if ma is None:
+        est = memory_estimate(cfg, target_cfg, dcfg, devices=devices, dvd=cfg.mode != "baseline")
+        return {**base, "method": "estimate (this platform has no memory analysis)", "total_gb": est["total_gb"],
+                "estimate": est}
+    gb = lambda n: round(n / 1e9, 3)  # noqa: E731
+    arg, out, tmp = ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.temp_size_in_bytes
+    alias = getattr(ma, "alias_size_in_bytes", 0)
+    return {**base, "method": method, "platform": jax.default_backend(), "arguments_gb": gb(arg),
+            "outputs_gb": gb(out), "temp_gb": gb(tmp), "aliased_gb": gb(alias),
+            "total_gb": gb(arg + out + tmp - alias)}
+
+
+def memory_table(configs: dict[str, TrainConfig], *, devices: int, backends=("einsum", "pallas"),
+                 progress: bool = True) -> dict:
+    """`compiled_memory` of each named paper config (its preset target, its drafter) for each backend."""
+    from carryover_jax.config import preset
+    import sys
+
+    rows = []
+    for name, cfg in configs.items():
+        tcfg = preset(_PRESET_OF.get(name, name))
+        dcfg = cfg.drafter.build(tcfg)
+        for bk in backends:
+            if progress:
+                print(f"compiling the {name} step ({bk}) ...", file=sys.stderr, flush=True)
+            rows.append({"config": name, **compiled_memory(cfg, tcfg, dcfg, devices=devices, backend=bk)})
+    return {"benchmark": "train-memory", "devices": devices, "rows": rows}
+
+
+_PRESET_OF = {"qwen3_4b": "qwen3-4b", "qwen3_8b": "qwen3-8b", "gemma4_12b": "gemma4-12b"}
+
+
+def format_memory(result: dict) -> str:
+    lines = [f"per-device memory of one training step, {result['devices']} devices"]
+    for r in result["rows"]:
+        m = r["mesh"]
+        extra = (f"  (args {r['arguments_gb']}, temp {r['temp_gb']}, out {r['outputs_gb']}, aliased {r['aliased_gb']})"
+                 if "temp_gb" in r else "")
+        lines.append(f"{r['config']:12s} {r['mode']:8s} mesh data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']}  "
+                     f"{r['backend']:7s} {r['total_gb']:8.2f} GB{extra}  [{r['method']}]")
+    return "\n".join(lines)

@@ -169,9 +169,12 @@ class Prefix:
 # "xla"); several segments are merged here, and dot_product_attention's lse output has no gradient,
 # so then "xla" is einsum and "cudnn" is "pallas" (below). "pallas": `Prefix` segments
 # through the fused kernel (`kernels.prefix_attention`, Pallas interpret mode off GPU), the rest
-# einsum. `Blockwise` segments (block-diagonal, [T, S/N] scores: small) and `LiveMask` segments
-# (decode: the chunked live-length loop; the shipped decode kernels take one query per row, K/V
-# seq-major, one length per row, see README) are einsum in every backend. "auto": pallas on GPU,
+# einsum; `LiveMask` segments (decode's cache reads) through the same kernel, forward only, the query
+# heads of a K/V head folded into its query axis (flash decoding), each batch row reading its own
+# live length. (The shipped `gpu/decode_attention` takes one query per row, seq-major K/V and one
+# length per row; `tpu/ragged_paged_attention` a paged cache: neither fits the head-major slot =
+# position cache with T queries per row.) `Blockwise` segments (block-diagonal, [T, S/N] scores:
+# small) are einsum in every backend. "auto": pallas on GPU,
 # einsum elsewhere (TPU: the kernel is Triton-style and untested on Mosaic).
 ATTENTION_BACKENDS = ("einsum", "xla", "cudnn", "pallas", "auto")
 
@@ -213,6 +216,8 @@ def attention_core(q: Array, segments, scale: float, backend: str = "einsum") ->
             mask = Blockwise(t // mask)
         if isinstance(mask, Blockwise):
             parts.append(_blockwise_part(qg, k, v, mask, scale))
+        elif isinstance(mask, LiveMask) and backend in ("pallas", "cudnn"):
+            parts.append(_pallas_live_part(qg, k, v, mask, scale))
         elif isinstance(mask, LiveMask):
             parts.append(_live_part(qg, k, v, mask, scale))
         elif isinstance(mask, Prefix) and backend in ("pallas", "cudnn"):
@@ -268,6 +273,23 @@ def _dpa_single(q: Array, k: Array, v: Array, mask, scale: float, backend: str) 
     out = jax.nn.dot_product_attention(q, jnp.swapaxes(k, 1, 2).astype(q.dtype), jnp.swapaxes(v, 1, 2).astype(q.dtype),
                                        mask=dense_mask[:, None], scale=scale, implementation=impl)
     return jnp.where(jnp.any(dense_mask, axis=-1)[:, :, None, None], out, 0.0).astype(q.dtype)
+
+
+def _pallas_live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
+    """A decode-time cache segment through the same kernel, flash-decoding style: the G query heads of a
+    K/V head are folded into its query axis (G*T rows, one program per row and K/V head reads the
+    K/V head once), and each program reads key tiles only up to its row's live length (and from its
+    window's first tile): per-row lengths, not the batch's longest. Forward only (decoding)."""
+    from carryover_jax.models import kernels
+
+    b, hkv, g, t, d = qg.shape
+    rep = lambda x: None if x is None else jnp.tile(x, (1, g))  # noqa: E731  [B, T] -> [B, G*T], g-major
+    out, lse = kernels.prefix_attention(qg.reshape(b, hkv, g * t, d), k, v, rep(mask.limit), rep(mask.lower),
+                                        scale=scale)
+    lse = lse.reshape(b, hkv, g, t, 1)
+    seen = lse > NEG_INF / 2
+    return (jnp.where(seen, lse, NEG_INF), seen.astype(jnp.float32),
+            jnp.where(seen, out.reshape(b, hkv, g, t, d), 0.0))
 
 
 def _live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):

@@ -184,9 +184,10 @@ class TargetLM(nn.Module):
         """Cache-free forward for training: (taps, final-normed last hidden [B, T, d]); no logits.
         `with_kv` also returns every layer's (k, v) — the prefix that DVD verification attends to."""
         b, t = tokens.shape
-        attn_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool))[None], (b, t, t))
-        if mask is not None:
-            attn_mask = attn_mask & mask
+        if mask is None:  # causal as a per-query key limit: no [T, T] mask in the fused backends
+            attn_mask = Prefix(jnp.broadcast_to(jnp.arange(1, t + 1, dtype=jnp.int32)[None, :], (b, t)))
+        else:
+            attn_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool))[None], (b, t, t)) & mask
         positions = jnp.broadcast_to(jnp.arange(t)[None, :], (b, t))
         attn_mask = self.masks(attn_mask, positions)
         h, ks, vs, taps = self.layers(self.embed(tokens), positions, attn_mask, None, tuple(tap_layers))
