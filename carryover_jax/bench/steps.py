@@ -51,9 +51,10 @@ def _median_ms(fn, n: int) -> float:
 def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab", proposals: int = 15,
         draft_layers: int = 5, batch: int = 1, context: int = 512, train_batch: int = 1, train_len: int = 1024,
         anchors: int = 64, repeats: int = 10, backends: tuple[str, ...] = ("einsum",)) -> dict[str, Any]:
-    """`backends`: the training step is compiled and timed once per attention backend (the first is the
-    reference of the ratios); decoding's attention (live-length cache reads, block-diagonal blocks) is
-    the same in every backend, so the decode steps are timed once."""
+    """`backends`: attention backends (models/layers.py) measured one after the other on the same
+    weights and inputs; the first is the reference of the `x_first_backend` ratios and of the top-level
+    numbers. A backend that fails to compile or run is reported (`error`), not raised, so one device
+    run covers the others."""
     tcfg = target_cfg
     dcfg = DrafterConfig.for_target(tcfg, kind=kind, layout=layout, num_proposals=proposals, num_layers=draft_layers,
                                     mask_token_id=0, target_layer_ids=_layer_ids(tcfg))
@@ -64,10 +65,49 @@ def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab",
     prompt = jnp.asarray(rng.integers(10, tcfg.vocab_size, (batch, context)), jnp.int32)
     lens = jnp.full((batch,), context, jnp.int32)
     max_len = next_bucket(context + 4 * (proposals + 1) * (repeats + 4))
-    sc = sp.SpecConfig(target=tcfg, drafter=dcfg, attend_carried=True)
+    batch_ = {"input_ids": jnp.asarray(rng.integers(10, tcfg.vocab_size, (train_batch, train_len)), jnp.int32),
+              "loss_mask": jnp.ones((train_batch, train_len), jnp.int32)}
     out: dict[str, Any] = {"target": _describe(tcfg), "drafter": f"{kind}/{layout}, {proposals} proposals, "
                            f"{draft_layers} layers", "batch": batch, "context": context, "device": str(jax.devices()[0])}
+    rows = []
+    for bk in backends:
+        tb = tcfg.replace(attention_backend=bk)
+        db = dcfg.replace(backbone=dcfg.backbone.replace(attention_backend=bk))
+        row: dict[str, Any] = {"backend": bk}
+        try:
+            row.update(_decode_times(tb, db, tp, dp, prompt, lens, max_len, repeats))
+        except Exception as e:  # noqa: BLE001 - a device check reports every backend
+            row["error"] = f"decode: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        t = _train_step(tcfg, dcfg, tp, batch_, anchors, bk, max(3, repeats // 3))
+        train_error = t.pop("error", None)
+        errors = [row.pop("error", None), train_error and "train: " + train_error]
+        row.update({("train_" + k if k in ("compile_s", "temp_gb", "loss") else k): v for k, v in t.items()
+                    if k != "backend"})
+        if any(errors):
+            row["error"] = " | ".join(e for e in errors if e)
+        if "ar_step_ms" in row:
+            ar_ms = row["ar_step_ms"]
+            row.update(verify_over_ar=round(row["verify_ms"] / ar_ms, 3), draft_over_ar=round(row["draft_ms"] / ar_ms, 3),
+                       break_even_tau=round(row["round_ms"] / ar_ms, 3))
+        rows.append(row)
+    first = rows[0]
+    for r in rows[1:]:
+        for key in ("ar_step_ms", "verify_ms", "round_ms", "train_step_ms"):
+            if key in r and key in first:
+                r[f"{key}_x_first_backend"] = round(r[key] / first[key], 3)
+    out["backends"] = rows
+    for key in ("ar_step_ms", "draft_ms", "verify_ms", "round_ms", "verify_over_ar", "draft_over_ar",
+                "break_even_tau", "train_step_ms", "train_compile_s"):
+        out[key] = first.get(key, float("nan"))
+    out["train_shape"] = f"{train_batch} x {train_len} tokens, {anchors} anchors"
+    return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
 
+
+def _decode_times(tcfg, dcfg, tp, dp, prompt, lens, max_len: int, repeats: int) -> dict[str, float]:
+    """Target AR step, drafting, verification and a full round at a fixed context, in ms."""
+    batch = prompt.shape[0]
+    sc = sp.SpecConfig(target=tcfg, drafter=dcfg, attend_carried=True)
+    out = {}
     # AR step
     cache, logits = ar.prefill(tcfg, tp, prompt, lens, max_len=max_len)
     tok = jnp.argmax(logits, -1).astype(jnp.int32)
@@ -106,22 +146,7 @@ def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab",
     out["draft_ms"] = _median_ms(draft, repeats)
     out["verify_ms"] = _median_ms(verify, repeats)
     out["round_ms"] = _median_ms(round_, repeats)
-
-    # one baseline training step (online target features) per attention backend
-    batch_ = {"input_ids": jnp.asarray(rng.integers(10, tcfg.vocab_size, (train_batch, train_len)), jnp.int32),
-              "loss_mask": jnp.ones((train_batch, train_len), jnp.int32)}
-    out["train_backends"] = [_train_step(tcfg, dcfg, tp, batch_, anchors, bk, max(3, repeats // 3)) for bk in backends]
-    first = out["train_backends"][0]
-    for r in out["train_backends"]:
-        if "train_step_ms" in r and "train_step_ms" in first:
-            r["x_first_backend"] = round(r["train_step_ms"] / first["train_step_ms"], 3)
-    out["train_compile_s"] = first.get("compile_s")
-    out["train_step_ms"] = first.get("train_step_ms", float("nan"))
-    out["train_shape"] = f"{train_batch} x {train_len} tokens, {anchors} anchors"
-    ar_ms = out["ar_step_ms"]
-    out.update(verify_over_ar=round(out["verify_ms"] / ar_ms, 3), draft_over_ar=round(out["draft_ms"] / ar_ms, 3),
-               break_even_tau=round(out["round_ms"] / ar_ms, 3))
-    return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
+    return out
 
 
 def _train_step(tcfg, dcfg, tp, batch, anchors: int, backend: str, repeats: int) -> dict[str, Any]:
@@ -178,12 +203,14 @@ def format_table(r: dict[str, Any]) -> str:
              "| step | ms | / AR step |", "|---|---|---|"]
     lines += [f"| {name} | {ms:.2f} | {ratio:.2f}x |" for name, ms, ratio in rows]
     lines.append(f"\nbreak-even tau (round / AR step): {r['break_even_tau']}")
-    if len(r.get("train_backends", [])) > 1 or any("error" in b for b in r.get("train_backends", [])):
-        lines += ["", "| train step backend | ms | x first | compiled temp GB | loss |", "|---|---|---|---|---|"]
-        for b in r["train_backends"]:
-            if "error" in b:
-                lines.append(f"| {b['backend']} | failed: {b['error']} | | | |")
-                continue
-            lines.append(f"| {b['backend']} | {b['train_step_ms']:.2f} | {b.get('x_first_backend', 1.0):.2f}x | "
-                         f"{b.get('temp_gb', '-')} | {b['loss']:.4f} |")
+    bks = r.get("backends", [])
+    if len(bks) > 1 or any("error" in b for b in bks):
+        f = lambda b, k: f"{b[k]:.2f}" if k in b else "-"  # noqa: E731
+        lines += ["", "| backend | AR ms | verify ms | verify / AR | round / AR | train ms | train x first | "
+                  "train temp GB | error |", "|---|---|---|---|---|---|---|---|---|"]
+        for b in bks:
+            lines.append(f"| {b['backend']} | {f(b, 'ar_step_ms')} | {f(b, 'verify_ms')} | {f(b, 'verify_over_ar')} | "
+                         f"{f(b, 'break_even_tau')} | {f(b, 'train_step_ms')} | "
+                         f"{f(b, 'train_step_ms_x_first_backend')} | {b.get('train_temp_gb', '-')} | "
+                         f"{b.get('error', '')} |")
     return "\n".join(lines)

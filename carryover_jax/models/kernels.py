@@ -27,6 +27,7 @@ group), FlashAttention-2 style from the saved lse, including the lse cotangent o
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -234,7 +235,34 @@ def prefix_attention(q, k, v, limit, lower=None, *, scale: float, interpret: boo
                      block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
     """q [B, H, T, D] (query head h reads K/V head h // (H / Hkv)), k/v [B, Hkv, S, D], limit/lower
     [B, T] int (query t sees keys lower <= s < limit; lower None = 0) -> (out [B, H, T, D] float32,
-    lse [B, H, T] float32). Differentiable in q, k, v. `interpret` None: True off GPU."""
+    lse [B, H, T] float32). Differentiable in q, k, v. `interpret` None: True off GPU.
+
+    Under a mesh (`jax.set_mesh`, as training sets it) the kernel runs per shard through `shard_map`:
+    batch over the mesh's "data"/"fsdp" axes and K/V heads over "tensor" where they divide (a Pallas
+    call has no SPMD partitioning rule; without this XLA would gather the operands onto every device)."""
+    if lower is None:
+        lower = jnp.zeros(limit.shape, jnp.int32)
+    fn = functools.partial(_prefix_attention, scale=scale, interpret=interpret, block_q=block_q, block_k=block_k)
+    mesh = jax.sharding.get_abstract_mesh()
+    names = () if mesh is None or mesh.empty else tuple(mesh.axis_names)
+    if not names or math.prod(mesh.axis_sizes) == 1:
+        return fn(q, k, v, limit, lower)
+    from jax.sharding import PartitionSpec as P
+
+    size = dict(zip(names, mesh.axis_sizes))
+    bax = tuple(a for a in ("data", "fsdp") if a in size and size[a] > 1)
+    if q.shape[0] % math.prod(size[a] for a in bax):
+        bax = ()
+    hax = "tensor" if size.get("tensor", 1) > 1 and k.shape[1] % size["tensor"] == 0 else None
+    if not bax and hax is None:
+        return fn(q, k, v, limit, lower)
+    bspec = bax or None
+    heads, rows = P(bspec, hax, None, None), P(bspec, None)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(heads, heads, heads, rows, rows),
+                         out_specs=(heads, P(bspec, hax, None)), check_vma=False)(q, k, v, limit, lower)
+
+
+def _prefix_attention(q, k, v, limit, lower, *, scale, interpret, block_q, block_k):
     b, h, t, d = q.shape
     s = k.shape[2]
     if interpret is None:
@@ -242,8 +270,7 @@ def prefix_attention(q, k, v, limit, lower=None, *, scale: float, interpret: boo
     bq = min(block_q, _pow2_at_least(t))
     bk = min(block_k, _pow2_at_least(s))
     tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
-    limit = limit.astype(jnp.int32)
-    lower = jnp.zeros_like(limit) if lower is None else lower.astype(jnp.int32)
+    limit, lower = limit.astype(jnp.int32), lower.astype(jnp.int32)
     if tp != t:  # padded queries see nothing; their rows are cut off below
         q = jnp.pad(q, ((0, 0), (0, 0), (0, tp - t), (0, 0)))
         limit = jnp.pad(limit, ((0, 0), (0, tp - t)))
