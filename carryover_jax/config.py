@@ -592,13 +592,6 @@ class DrafterSpec:
     # > 0: propose from the K most frequent target tokens of the training responses (EAGLE-3's draft
     # vocabulary; `DrafterConfig.draft_vocab`), chosen from the response store when the drafter is built
     draft_vocab_size: int = 0
-    # "random" (DeepSpec's init) | "target": the draft layers start as the target's last num_layers
-    # layers, fed the target's context rows at that depth (`models.drafter.layers_from_target`)
-    init: str = "random"
-
-    def __post_init__(self):
-        if self.init not in ("random", "target"):
-            raise ConfigError(f"drafter.init must be 'random' or 'target', got {self.init!r}")
 
     def build(self, target: TargetConfig, default_mask_token_id: int | None = None,
               draft_vocab: tuple[int, ...] = ()) -> DrafterConfig:

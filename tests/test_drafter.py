@@ -247,39 +247,3 @@ def test_blockwise_block_attention_equals_the_dense_block_mask():
     a = Drafter(cfg).apply({"params": params}, *args, block_mask=jnp.asarray(dense))
     b = Drafter(cfg).apply({"params": params}, *args, block_mask=t)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
-
-
-def test_layers_from_target_start_from_the_targets_last_layers_and_context(tiny_llama):
-    """init=target: the draft layer is the target's last layer, and the context rows it projects give
-    the target's own V at that depth (K too, up to the drafter's per-head q/k RMS norm), computed
-    here by the target's forward."""
-    from carryover_jax import load_target
-    from carryover_jax.models.drafter import init_drafter_params, layers_from_target
-    from carryover_jax.models.target import TargetLM
-
-    target = load_target(tiny_llama.path, tokenizer=False)
-    kw = dict(kind="dflash", layout="zlab", num_proposals=3, num_layers=1, mask_token_id=4)
-    cfg = DrafterConfig.for_target(target.cfg, target_layer_ids=(0, 1), **kw)
-    params = layers_from_target(cfg, init_drafter_params(cfg, jax.random.key(0)), target.params)
-    last = target.cfg.num_layers - 1
-    # fresh buffers: a train step donates the drafter's params, which must not free the target's
-    pointers = [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(params)]
-    assert len(set(pointers)) == len(pointers)
-    assert not set(pointers) & {x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(target.params)}
-    for path, leaf in jax.tree_util.tree_leaves_with_path(target.params["layers"][str(last)]):
-        mine = params["layers"]["0"]
-        for key in path:
-            mine = mine[key.key]
-        np.testing.assert_array_equal(mine, leaf)
-    tokens = jax.random.randint(jax.random.key(1), (2, 9), 5, target.cfg.vocab_size)
-    taps, _, ks, vs = TargetLM(target.cfg).apply({"params": target.params}, tokens, cfg.target_layer_ids,
-                                                 method=TargetLM.features, with_kv=True)
-    drafter = Drafter(cfg)
-    rows = drafter.apply({"params": params}, jnp.concatenate(taps, -1), method=Drafter.fuse)
-    positions = jnp.broadcast_to(jnp.arange(9)[None], (2, 9))
-    dk, dv = drafter.apply({"params": params}, rows, positions, method=Drafter.project)
-    np.testing.assert_allclose(dv[0], vs[last], atol=1e-5)
-    rms = jnp.sqrt(jnp.mean(jnp.square(ks[last]), axis=-1, keepdims=True) + cfg.backbone.rms_norm_eps)
-    np.testing.assert_allclose(dk[0] * rms, ks[last], atol=1e-4)
-    with pytest.raises(ConfigError, match="needs target layer 1 among the feature layers"):
-        layers_from_target(DrafterConfig.for_target(target.cfg, target_layer_ids=(0,), **kw), params, target.params)

@@ -223,35 +223,6 @@ def with_draft_head(cfg: DrafterConfig, params, frozen) -> dict:
     return {**params, "lm_head": {"kernel": jnp.asarray(rows, kernel.dtype)}}
 
 
-def layers_from_target(cfg: DrafterConfig, params, target_params) -> dict:
-    """Params whose draft layers start as the target's last `num_layers` layers, with the context
-    path set up so the first draft layer projects the target's own context V at that depth (K too,
-    up to the drafter's per-head q/k RMS norms, which start at one): `fc` selects the tap that feeds
-    the first copied layer, `hidden_norm` is that layer's input norm (context rows skip
-    `input_layernorm`), `norm` is the target's final norm. A warm start for small training budgets."""
-    n, total = cfg.backbone.num_layers, cfg.num_target_layers
-    first = total - n
-    taps = [i for i, l in enumerate(cfg.target_layer_ids) if l < first]
-    if not taps or cfg.target_layer_ids[taps[-1]] != first - 1:
-        raise ConfigError(f"drafter init=target needs target layer {first - 1} among the feature layers "
-                          f"{list(cfg.target_layer_ids)} (the input of the first copied layer {first})")
-    d = cfg.hidden_size
-    src = target_params["layers"]
-    layers = {}
-    for i in range(n):
-        own = params["layers"][str(i)]
-        dtype = own["input_layernorm"]["weight"].dtype
-        copied = jax.tree_util.tree_map(lambda x: jnp.array(x, dtype), src[str(first + i)])  # copies: no aliasing
-        attn = {**own["self_attn"], **copied["self_attn"]}
-        layers[str(i)] = {**own, **copied, "self_attn": attn}
-    fc = jnp.zeros_like(params["fc"]["kernel"])
-    fc = fc.at[taps[-1] * d:(taps[-1] + 1) * d].set(jnp.eye(d, dtype=fc.dtype))
-    out = {**params, "layers": layers, "fc": {"kernel": fc},
-           "hidden_norm": {"weight": jnp.array(src[str(first)]["input_layernorm"]["weight"])},
-           "norm": {"weight": jnp.array(target_params["norm"]["weight"])}}
-    return out
-
-
 def logits_from_hidden(h: Array, frozen) -> Array:
     """Frozen target LM head; `head` None means tied to the embedding (no [V, d] transpose copy).
     Soft-capped like the target's logits (Gemma); a Markov bias is added after this."""

@@ -18,7 +18,7 @@ from carryover_jax.config import TrainConfig
 from carryover_jax.errors import CarryoverError
 from carryover_jax.io import atomic_write_json
 from carryover_jax.loading import default_mask_token_id, load_drafter, load_target
-from carryover_jax.models.drafter import frozen_from_target, init_drafter_params, layers_from_target, with_draft_head
+from carryover_jax.models.drafter import frozen_from_target, init_drafter_params, with_draft_head
 from carryover_jax.train.checkpoint import Checkpointer, abstract_like
 from carryover_jax.train.faults import (
     FiniteGuard, StopSignal, check_disk_space, metrics_lines_upto, prepare_out_dir, save_before_stop,
@@ -53,8 +53,6 @@ def build_drafter(cfg: TrainConfig, target, store=None):
                   "response tokens", file=sys.stderr)
     dcfg = cfg.drafter.build(target.cfg, default, vocab)
     params = init_drafter_params(dcfg, jax.random.key(cfg.seed))
-    if cfg.drafter.init == "target":
-        params = layers_from_target(dcfg, params, target.params)
     return dcfg, with_draft_head(dcfg, params, frozen_from_target(target.params, target.cfg))
 
 
