@@ -6,6 +6,9 @@ Timings exclude the first step (compilation). The memory estimate uses `jax.eval
 parameter and optimizer tensor (nothing is allocated) plus the dominant activations: the drafter's
 training attention scores, B_local x heads x (N*T) x (S + T) float32 per layer (the block part is
 block-diagonal), and the draft + aligned target logits over the full vocabulary.
+
+`--memory` (`compiled_memory`, `memory_table`): per-device bytes of the paper configs' compiled step
+from XLA's memory analysis, per attention backend (einsum vs the fused Pallas kernel), under a mesh.
 """
 
 from __future__ import annotations
