@@ -96,11 +96,64 @@ def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab",
             if key in r and key in first:
                 r[f"{key}_x_first_backend"] = round(r[key] / first[key], 3)
     out["backends"] = rows
+    if len(backends) > 1:
+        out["kernel_check"] = kernel_check(tcfg, backends[1:], queries=anchors * dcfg.block_size, keys=train_len,
+                                           block=dcfg.block_size, context=context, decode_queries=proposals + 1)
     for key in ("ar_step_ms", "draft_ms", "verify_ms", "round_ms", "verify_over_ar", "draft_over_ar",
                 "break_even_tau", "train_step_ms", "train_compile_s"):
         out[key] = first.get(key, float("nan"))
     out["train_shape"] = f"{train_batch} x {train_len} tokens, {anchors} anchors"
     return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def kernel_check(tcfg: TargetConfig, backends, *, queries: int, keys: int, block: int, context: int,
+                 decode_queries: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Each backend against einsum on the device, at the model's head shapes and dtype: training's
+    anchor-prefix context attention (+ its own block-diagonal block), output and gradients, and a
+    decode-time live-length cache read (verification's P+1 queries over `context` slots). Max abs
+    difference relative to the reference's max abs value (bf16: ~1e-2 is rounding)."""
+    from carryover_jax.models.layers import LiveMask, Prefix, attention_core
+
+    rng = np.random.default_rng(seed)
+    h, hkv, d = tcfg.num_heads, tcfg.num_kv_heads, tcfg.head_dim
+    dt = jnp.dtype(tcfg.dtype)
+    n = max(1, queries // block)
+    t = n * block
+    rnd = lambda *shape: jnp.asarray(rng.standard_normal(shape), dt)  # noqa: E731
+    q, k, v, kb, vb = rnd(1, t, h, d), rnd(1, hkv, keys, d), rnd(1, hkv, keys, d), rnd(1, hkv, t, d), rnd(1, hkv, t, d)
+    anchors = np.sort(rng.choice(np.arange(1, keys - block), n, replace=False))
+    limit = jnp.asarray(np.repeat(anchors, block)[None], jnp.int32)
+    scale = d ** -0.5
+
+    def train_fn(backend):
+        def loss(q, k, v, kb, vb):
+            o = attention_core(q, [(k, v, Prefix(limit)), (kb, vb, block)], scale, backend)
+            return jnp.sum(o.astype(jnp.float32) ** 2), o
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))
+
+    tq = decode_queries
+    qd, kc, vc = rnd(1, tq, h, d), rnd(1, hkv, next_bucket(context + tq), d), rnd(1, hkv, next_bucket(context + tq), d)
+    live = LiveMask(jnp.asarray(context + 1 + np.arange(tq), jnp.int32)[None])
+
+    def decode_fn(backend):
+        return jax.jit(lambda q, k, v: attention_core(q, [(k, v, live)], scale, backend))
+
+    rel = lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))) /  # noqa: E731
+                             max(float(jnp.max(jnp.abs(b.astype(jnp.float32)))), 1e-30))
+    (_, o_ref), g_ref = train_fn("einsum")(q, k, v, kb, vb)
+    d_ref = decode_fn("einsum")(qd, kc, vc)
+    rows = []
+    for bk in backends:
+        row: dict[str, Any] = {"backend": bk, "shape": f"train q {t} x ctx {keys}, decode q {tq} x {context}"}
+        try:
+            (_, o), g = train_fn(bk)(q, k, v, kb, vb)
+            row["train_out_rel"] = float(f"{rel(o, o_ref):.3g}")
+            row["train_grad_rel"] = float(f"{max(rel(a, b) for a, b in zip(g, g_ref)):.3g}")
+            row["decode_out_rel"] = float(f"{rel(decode_fn(bk)(qd, kc, vc), d_ref):.3g}")
+        except Exception as e:  # noqa: BLE001 - a device check reports every backend
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        rows.append(row)
+    return rows
 
 
 def _decode_times(tcfg, dcfg, tp, dp, prompt, lens, max_len: int, repeats: int) -> dict[str, float]:
@@ -213,4 +266,8 @@ def format_table(r: dict[str, Any]) -> str:
                          f"{f(b, 'break_even_tau')} | {f(b, 'train_step_ms')} | "
                          f"{f(b, 'train_step_ms_x_first_backend')} | {b.get('train_temp_gb', '-')} | "
                          f"{b.get('error', '')} |")
+    for c in r.get("kernel_check", []):
+        lines.append(f"\nkernel check {c['backend']} vs einsum ({c['shape']}): " + (
+            c["error"] if "error" in c else f"train out {c['train_out_rel']}, grads {c['train_grad_rel']}, "
+                                            f"decode out {c['decode_out_rel']} (max abs diff / max abs)"))
     return "\n".join(lines)
