@@ -294,3 +294,23 @@ def test_kernel_runs_per_shard_under_a_mesh():
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
     jax.tree_util.tree_map(lambda a, c: np.testing.assert_allclose(np.asarray(a), np.asarray(c), atol=2e-5,
                                                                    rtol=1e-4), gg, gw)
+
+
+@pytest.mark.parametrize("dtype,t,s,d", [("bfloat16", 192, 300, 128), ("float32", 4 * 16, 4100, 64)])
+def test_kernels_lower_to_triton_for_gpu(dtype, t, s, d):
+    """The forward and both backward kernels lower to Triton for CUDA from this CPU-only machine
+    (cross-platform lowering: the JAX -> Triton step of a GPU compile; PTX generation and the run are
+    the device check's). Shapes: training-like (padded tiles, GQA) and decode-like (folded heads)."""
+    from carryover_jax.models import kernels
+
+    q = jax.ShapeDtypeStruct((2, 8, t, d), jnp.dtype(dtype))
+    k = jax.ShapeDtypeStruct((2, 2, s, d), jnp.dtype(dtype))
+    lim = jax.ShapeDtypeStruct((2, t), jnp.int32)
+
+    def f(q, k, v, limit, lower):
+        o, lse = kernels.prefix_attention(q, k, v, limit, lower, scale=0.1, interpret=False)
+        return jnp.sum(o) + jnp.sum(jnp.where(lse > -1e29, lse, 0.0))
+
+    for fn, calls in ((f, 1), (jax.grad(f, argnums=(0, 1, 2)), 3)):
+        text = jax.jit(fn).trace(q, k, k, lim, lim).lower(lowering_platforms=("cuda",)).as_text()
+        assert text.count("__gpu$xla.gpu.triton") == calls

@@ -55,8 +55,10 @@ def _dot_t(a, b):
     return jnp.dot(a, b.T, preferred_element_type=jnp.float32)
 
 
-def _compiler_params(num_warps: int = 4, num_stages: int = 2):
-    if jax.default_backend() != "gpu":
+def _compiler_params(interpret: bool, num_warps: int = 4, num_stages: int = 2):
+    """Triton's compiler params: they also select the Triton lowering (jax's GPU default is Mosaic GPU,
+    whose async copies take <= 256 rows, not the whole-K/V blocks used here)."""
+    if interpret:
         return None
     from jax.experimental.pallas import triton as plgpu
     return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
@@ -115,7 +117,7 @@ def _forward(q, k, v, limit, lower, scale, block_q, block_k, interpret):
         out_specs=[pl.BlockSpec((None, None, block_q, d), lambda bi, hi, qi: (bi, hi, qi, 0)),
                    pl.BlockSpec((None, None, block_q), lambda bi, hi, qi: (bi, hi, qi))],
         out_shape=[jax.ShapeDtypeStruct((b, h, t, d), jnp.float32), jax.ShapeDtypeStruct((b, h, t), jnp.float32)],
-        compiler_params=_compiler_params(4 if d <= 64 else 8),
+        compiler_params=_compiler_params(interpret, 4 if d <= 64 else 8),
         interpret=interpret,
         name="carryover_prefix_attention_fwd",
     )(limit, lower, q, k, v)
@@ -188,7 +190,7 @@ def _backward(q, k, v, limit, lower, out, lse, do, dlse, scale, block_q, block_k
         in_specs=[row, row, qtile, kfull, kfull, qtile, stat, stat],
         out_specs=qtile,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=_compiler_params(4 if d <= 64 else 8),
+        compiler_params=_compiler_params(interpret, 4 if d <= 64 else 8),
         interpret=interpret,
         name="carryover_prefix_attention_dq",
     )(limit, lower, q, k, v, do, lse, delta)
@@ -204,7 +206,7 @@ def _backward(q, k, v, limit, lower, out, lse, do, dlse, scale, block_q, block_k
         in_specs=[rall, rall, qall, ktile, ktile, qall, sall, sall],
         out_specs=[ktile, ktile],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        compiler_params=_compiler_params(4 if d <= 64 else 8),
+        compiler_params=_compiler_params(interpret, 4 if d <= 64 else 8),
         interpret=interpret,
         name="carryover_prefix_attention_dkv",
     )(limit, lower, qg(q), k, v, qg(do.astype(q.dtype)), qg(lse), qg(delta))
