@@ -38,6 +38,17 @@ def _batch(seed=0, b=2, s=24):
     return jnp.asarray(ids), jnp.asarray(lm)
 
 
+# Op-by-op (eager) dispatch was most of these tests' time: the functions under test, compiled once per shape
+sample_anchors = jax.jit(A.sample_anchors, static_argnums=2)
+build_blocks = jax.jit(A.build_blocks, static_argnums=0)
+verify_blocks = jax.jit(dvd.verify_blocks, static_argnums=0)
+draft_proposals = jax.jit(dvd.draft_proposals, static_argnums=0)
+carried_rows = jax.jit(dvd.carried_rows, static_argnums=0)
+dvd_loss_and_grad = jax.jit(jax.value_and_grad(dvd.dvd_loss, has_aux=True), static_argnums=1)
+block_loss_and_grad = jax.jit(jax.value_and_grad(block_loss, has_aux=True), static_argnums=1)
+
+
+@jax.jit
 def _feats(tp, ids):
     taps, last = TargetLM(TCFG).apply({"params": tp}, ids, LAYERS, method=TargetLM.features)
     return jnp.concatenate(taps, -1), last
@@ -57,10 +68,10 @@ def test_parallel_verify_and_accept_counts_match_sequential_references():
     sc = _sc(dc)
     tp = init_params(TCFG, jax.random.key(0))
     ids, lm = _batch()
-    anchors, keep, nvalid = A.sample_anchors(jax.random.key(3), lm, 5)
-    blk = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
+    anchors, keep, nvalid = sample_anchors(jax.random.key(3), lm, 5)
+    blk = build_blocks(dc, ids, lm, anchors, keep, nvalid)
     props = _planted_proposals(ids, blk, np.random.default_rng(0))
-    feats = np.asarray(dvd.verify_blocks(sc, tp, ids, anchors, keep, props))
+    feats = np.asarray(verify_blocks(sc, tp, ids, anchors, keep, props))
     acc = np.asarray(dvd.accept_counts(props, blk))
     ids_np, lm_np, p = np.asarray(ids), np.asarray(lm), dc.num_proposals
     seen = set()
@@ -69,8 +80,10 @@ def test_parallel_verify_and_accept_counts_match_sequential_references():
             if not keep[i, n]:
                 continue
             s_n = int(anchors[i, n])
-            seq = np.concatenate([ids_np[i, :s_n + 1], np.asarray(props[i, n])])[None]
-            ref = np.asarray(_feats(tp, jnp.asarray(seq))[0])[0, s_n:]
+            seq = np.concatenate([ids_np[i, :s_n + 1], np.asarray(props[i, n])])
+            # one padded length (one compile): the causal prefix does not see the padding
+            padded = np.pad(seq, (0, ids.shape[1] + p - len(seq)))[None]
+            ref = np.asarray(_feats(tp, jnp.asarray(padded))[0])[0, s_n:len(seq)]
             np.testing.assert_allclose(feats[i, n], ref, atol=1e-4)
             a = 0  # slow acceptance: equal to the recording, inside the sequence and the loss mask
             while a < p and s_n + 1 + a < ids.shape[1] and lm_np[i, s_n + 1 + a] and \
@@ -86,15 +99,15 @@ def test_carried_rows_are_the_rejected_verify_states():
     sc = _sc(dc)
     tp = init_params(TCFG, jax.random.key(0))
     ids, lm = _batch(1)
-    anchors, keep, nvalid = A.sample_anchors(jax.random.key(4), lm, 5)
-    blk = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
+    anchors, keep, nvalid = sample_anchors(jax.random.key(4), lm, 5)
+    blk = build_blocks(dc, ids, lm, anchors, keep, nvalid)
     props = np.array(_planted_proposals(ids, blk, np.random.default_rng(1)))
     props[0, 0] = np.asarray(blk.labels)[0, 0]  # block (0, 0) fully accepted (if its labels are all valid)
     props = jnp.asarray(props)
     acc = dvd.accept_counts(props, blk)
     a2, k2 = dvd.shifted_anchors(lm, anchors, keep, acc)
-    rows, pos, valid = dvd.carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2)
-    ver = np.asarray(dvd.verify_blocks(sc, tp, ids, anchors, keep, props))
+    rows, pos, valid = carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2)
+    ver = np.asarray(verify_blocks(sc, tp, ids, anchors, keep, props))
     rows, pos, valid, acc, p = np.asarray(rows), np.asarray(pos), np.asarray(valid), np.asarray(acc), dc.num_proposals
     for i in range(2):
         for n in range(5):
@@ -120,9 +133,9 @@ def test_draft1_is_the_decode_time_drafter_and_control_is_a_baseline_step_at_shi
     rng = jax.random.key(5)
     feats, last = _feats(tp, ids)
     frozen = frozen_from_target(tp, TCFG)
-    anchors, keep, nvalid = A.sample_anchors(rng, lm, 5)
-    blk = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
-    got = np.asarray(dvd.draft_proposals(sc, params, frozen, feats, blk))
+    anchors, keep, nvalid = sample_anchors(rng, lm, 5)
+    blk = build_blocks(dc, ids, lm, anchors, keep, nvalid)
+    got = np.asarray(draft_proposals(sc, params, frozen, feats, blk))
     b, s = ids.shape
     p = dc.num_proposals
     ids_np, lm_np = np.asarray(ids), np.asarray(lm)
@@ -145,10 +158,10 @@ def test_draft1_is_the_decode_time_drafter_and_control_is_a_baseline_step_at_shi
             if s_n + a + 1 < s and cand[i, s_n + a + 1]:
                 ref_anchors[i, n] = s_n + a + 1
     ref_keep = jnp.asarray(ref_anchors > 0)
-    ref_blk = A.build_blocks(dc, ids, lm, jnp.asarray(ref_anchors), ref_keep, nvalid)
+    ref_blk = build_blocks(dc, ids, lm, jnp.asarray(ref_anchors), ref_keep, nvalid)
     batch = {"input_ids": ids, "loss_mask": lm}
-    (l_dvd, m_dvd), g_dvd = jax.value_and_grad(dvd.dvd_loss, has_aux=True)(params, sc, tp, batch, rng)
-    (l_ref, _), g_ref = jax.value_and_grad(block_loss, has_aux=True)(params, sc, tp, frozen, ids, feats, last, ref_blk)
+    (l_dvd, m_dvd), g_dvd = dvd_loss_and_grad(params, sc, tp, batch, rng)
+    (l_ref, _), g_ref = block_loss_and_grad(params, sc, tp, frozen, ids, feats, last, ref_blk)
     np.testing.assert_allclose(float(l_dvd), float(l_ref), rtol=1e-6)
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-7), g_dvd, g_ref)
     assert float(m_dvd["draft2/kept_ratio"]) > 0.5
@@ -164,7 +177,7 @@ def test_gradients_reach_carryover_through_carried_kv_and_nothing_else():
     grads = {}
     for mode in ("dvd", "control"):
         sc = _sc(dc, mode=mode)
-        grads[mode] = jax.grad(lambda pr, t: dvd.dvd_loss(pr, sc, t, batch, rng)[0], argnums=(0, 1))(params, tp)
+        grads[mode] = jax.jit(jax.grad(lambda pr, t: dvd.dvd_loss(pr, sc, t, batch, rng)[0], argnums=(0, 1)))(params, tp)
     gd, gt = grads["dvd"]
     assert float(jnp.abs(gd["e_rej"]).max()) > 1e-6
     assert float(jnp.abs(gd["fc"]["kernel"]).max()) > 1e-6
@@ -175,14 +188,14 @@ def test_gradients_reach_carryover_through_carried_kv_and_nothing_else():
     sc = _sc(dc)
     feats, last = _feats(tp, ids)
     frozen = frozen_from_target(tp, TCFG)
-    anchors, keep, nvalid = A.sample_anchors(rng, lm, 5)
-    blk = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
-    props = dvd.draft_proposals(sc, params, frozen, feats, blk)
+    anchors, keep, nvalid = sample_anchors(rng, lm, 5)
+    blk = build_blocks(dc, ids, lm, anchors, keep, nvalid)
+    props = draft_proposals(sc, params, frozen, feats, blk)
     acc = dvd.accept_counts(props, blk)
     a2, k2 = dvd.shifted_anchors(lm, anchors, keep, acc)
-    carried = jax.tree_util.tree_map(np.asarray, dvd.carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2))
-    blk2 = A.build_blocks(dc, ids, lm, a2, k2, nvalid)
-    g2 = jax.grad(lambda pr: block_loss(pr, sc, tp, frozen, ids, feats, last, blk2, carried)[0])(params)
+    carried = jax.tree_util.tree_map(np.asarray, carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2))
+    blk2 = build_blocks(dc, ids, lm, a2, k2, nvalid)
+    g2 = jax.jit(jax.grad(lambda pr: block_loss(pr, sc, tp, frozen, ids, feats, last, blk2, carried)[0]))(params)
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-7), gd, g2)
 
 
@@ -191,8 +204,8 @@ def test_token_interfaces_embed_through_the_frozen_embedding():
     dc = _dc()
     tp = init_params(TCFG, jax.random.key(0))
     ids, lm = _batch(4)
-    anchors, keep, nvalid = A.sample_anchors(jax.random.key(7), lm, 5)
-    blk = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
+    anchors, keep, nvalid = sample_anchors(jax.random.key(7), lm, 5)
+    blk = build_blocks(dc, ids, lm, anchors, keep, nvalid)
     props = _planted_proposals(ids, blk, np.random.default_rng(2))
     acc = dvd.accept_counts(props, blk)
     a2, k2 = dvd.shifted_anchors(lm, anchors, keep, acc)
@@ -200,7 +213,7 @@ def test_token_interfaces_embed_through_the_frozen_embedding():
     out = {}
     for carry in ("draft_tokens", "target_tokens"):
         sc = _sc(dc, dvd_carry=carry)
-        out[carry] = np.asarray(dvd.carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2)[0])
+        out[carry] = np.asarray(carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2)[0])
     tm = TargetLM(TCFG)
     checked = 0
     for i in range(2):
@@ -366,3 +379,37 @@ def test_dvd_step_with_remat_and_vocabulary_chunks_equals_the_plain_one():
     for k in ("loss", "draft1/tau", "off/ce_loss", "grad_norm"):
         np.testing.assert_allclose(float(m1[k]), float(m0[k]), rtol=1e-5, err_msg=k)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), s0.params, s1.params)
+
+
+def test_target_labels_judge_draft1_against_the_targets_greedy_tokens():
+    """labels=target (source text): draft 1 is accepted against what the target itself would say at each
+    position — its greedy tokens from a full forward — not against the recorded text."""
+    from carryover_jax.train.losses import target_greedy_labels
+
+    dc = _dc()
+    sc = _sc(dc, labels="target")
+    tp = init_params(TCFG, jax.random.key(0))
+    params = init_drafter_params(dc, jax.random.key(1))
+    ids, lm = _batch(5)
+    rng = jax.random.key(8)
+    feats, last = _feats(tp, ids)
+    anchors, keep, nvalid = sample_anchors(rng, lm, 5)
+    blk = build_blocks(dc, ids, lm, anchors, keep, nvalid)
+    greedy = np.argmax(np.asarray(TargetLM(TCFG).apply({"params": tp}, ids)[0]), axis=-1)  # token for position j+1
+    idx = np.clip(np.asarray(blk.label_idx) - 1, 0, ids.shape[1] - 1)
+    want = np.stack([greedy[i][idx[i]] for i in range(ids.shape[0])])
+    np.testing.assert_array_equal(jax.jit(target_greedy_labels, static_argnums=0)(sc, tp, last, blk), want)
+    props = draft_proposals(sc, params, frozen_from_target(tp, TCFG), feats, blk)
+    props = np.array(props)
+    props[..., 0] = want[..., 0]  # every first proposal is the target's token, the recorded one rarely
+    k = np.asarray(keep)
+    acc = np.asarray(dvd.accept_counts(jnp.asarray(props), blk.replace(labels=jnp.asarray(want))))
+    assert (acc * k).sum() >= k.sum() and (np.asarray(dvd.accept_counts(jnp.asarray(props), blk)) * k).sum() < k.sum()
+    # inside the DVD step: the same acceptance when draft 1 proposes these tokens
+    draft1 = dvd.draft_proposals
+    try:
+        dvd.draft_proposals = lambda *a, **kw: jnp.asarray(props)
+        _, m = dvd.dvd_loss(params, sc, tp, {"input_ids": ids, "loss_mask": lm}, rng)
+    finally:
+        dvd.draft_proposals = draft1
+    assert float(m["draft1/accept_mean"]) == pytest.approx((acc * k).sum() / k.sum())

@@ -32,7 +32,8 @@ from carryover_jax.models.layers import Blockwise, Prefix
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.target import DecoderLayer, TargetLM, layer_type, window_masks
 from carryover_jax.train import anchors as A
-from carryover_jax.train.losses import anchor_metrics, batch_features, block_loss, chunked_rows, proposal_hidden
+from carryover_jax.train.losses import (anchor_metrics, batch_features, block_loss, chunked_rows, proposal_hidden,
+                                       target_greedy_labels)
 
 if TYPE_CHECKING:
     from carryover_jax.train.step import StepConfig
@@ -59,8 +60,8 @@ def draft_proposals(sc: StepConfig, params, frozen, feats: Array, blk: A.Blocks)
 
 
 def accept_counts(proposals: Array, blk: A.Blocks) -> Array:
-    """a_n [B, N]: the longest prefix of proposals equal to the recorded continuation, within the
-    block's valid labels (eval mask)."""
+    """a_n [B, N]: the longest prefix of proposals equal to the block's labels (the recorded
+    continuation; with labels=target the target's greedy tokens), within its valid labels (eval mask)."""
     hit = (proposals == blk.labels) & blk.eval_mask
     return jnp.sum(jnp.cumprod(hit.astype(jnp.int32), axis=-1), axis=-1).astype(jnp.int32)
 
@@ -139,6 +140,8 @@ def dvd_loss(params, sc: StepConfig, target_params, batch, rng):
     frozen = frozen_from_target(target_params, sc.target)
     anchors, keep, nvalid = A.sample_anchors(rng, lm, n)
     blk1 = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
+    if sc.target_labels:  # draft 1 is accepted as in decoding: against the target's greedy tokens
+        blk1 = blk1.replace(labels=target_greedy_labels(sc, target_params, last, blk1))
     proposals = draft_proposals(sc, params, frozen, feats, blk1)
     accepted = accept_counts(proposals, blk1)
     anchors2, keep2 = shifted_anchors(lm, anchors, keep, accepted)

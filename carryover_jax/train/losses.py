@@ -87,6 +87,19 @@ def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, 
                    ce_weight=sc.ce_weight, l1_weight=sc.l1_weight)
 
 
+def target_greedy_labels(sc: StepConfig, target_params, last, blk: A.Blocks) -> jax.Array:
+    """[B, N, P] the target's own greedy token at each proposal's position (labels=target), from its
+    final hidden state one position earlier: what decoding would accept against."""
+    b, n, p = blk.labels.shape
+    pred_at = jnp.clip(blk.label_idx - 1, 0, last.shape[1] - 1).reshape(b, n * p)
+    th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n * p, -1)
+
+    def greedy(h):
+        return jnp.argmax(TargetLM(sc.target).apply({"params": target_params}, h, method=TargetLM.head), axis=-1)
+
+    return chunked_rows(greedy, (th,), sc.loss_chunk).reshape(b, n, p).astype(blk.labels.dtype)
+
+
 def batch_features(sc: StepConfig, target_params, batch):
     if "features" in batch:
         return batch["features"], batch["last_hidden"]
