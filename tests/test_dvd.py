@@ -38,7 +38,8 @@ def _batch(seed=0, b=2, s=24):
     return jnp.asarray(ids), jnp.asarray(lm)
 
 
-# Op-by-op (eager) dispatch was most of these tests' time: the functions under test, compiled once per shape
+# Compiled once per shape where a test calls them over many blocks or differentiates them (eager dispatch was
+# most of those tests' time); tests that call them once stay eager (compiling costs more there)
 sample_anchors = jax.jit(A.sample_anchors, static_argnums=2)
 build_blocks = jax.jit(A.build_blocks, static_argnums=0)
 verify_blocks = jax.jit(dvd.verify_blocks, static_argnums=0)
@@ -177,7 +178,7 @@ def test_gradients_reach_carryover_through_carried_kv_and_nothing_else():
     grads = {}
     for mode in ("dvd", "control"):
         sc = _sc(dc, mode=mode)
-        grads[mode] = jax.jit(jax.grad(lambda pr, t: dvd.dvd_loss(pr, sc, t, batch, rng)[0], argnums=(0, 1)))(params, tp)
+        grads[mode] = jax.grad(lambda pr, t: dvd.dvd_loss(pr, sc, t, batch, rng)[0], argnums=(0, 1))(params, tp)
     gd, gt = grads["dvd"]
     assert float(jnp.abs(gd["e_rej"]).max()) > 1e-6
     assert float(jnp.abs(gd["fc"]["kernel"]).max()) > 1e-6
@@ -188,14 +189,14 @@ def test_gradients_reach_carryover_through_carried_kv_and_nothing_else():
     sc = _sc(dc)
     feats, last = _feats(tp, ids)
     frozen = frozen_from_target(tp, TCFG)
-    anchors, keep, nvalid = sample_anchors(rng, lm, 5)
-    blk = build_blocks(dc, ids, lm, anchors, keep, nvalid)
-    props = draft_proposals(sc, params, frozen, feats, blk)
+    anchors, keep, nvalid = A.sample_anchors(rng, lm, 5)
+    blk = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
+    props = dvd.draft_proposals(sc, params, frozen, feats, blk)
     acc = dvd.accept_counts(props, blk)
     a2, k2 = dvd.shifted_anchors(lm, anchors, keep, acc)
-    carried = jax.tree_util.tree_map(np.asarray, carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2))
-    blk2 = build_blocks(dc, ids, lm, a2, k2, nvalid)
-    g2 = jax.jit(jax.grad(lambda pr: block_loss(pr, sc, tp, frozen, ids, feats, last, blk2, carried)[0]))(params)
+    carried = jax.tree_util.tree_map(np.asarray, dvd.carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2))
+    blk2 = A.build_blocks(dc, ids, lm, a2, k2, nvalid)
+    g2 = jax.grad(lambda pr: block_loss(pr, sc, tp, frozen, ids, feats, last, blk2, carried)[0])(params)
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-7), gd, g2)
 
 
@@ -204,8 +205,8 @@ def test_token_interfaces_embed_through_the_frozen_embedding():
     dc = _dc()
     tp = init_params(TCFG, jax.random.key(0))
     ids, lm = _batch(4)
-    anchors, keep, nvalid = sample_anchors(jax.random.key(7), lm, 5)
-    blk = build_blocks(dc, ids, lm, anchors, keep, nvalid)
+    anchors, keep, nvalid = A.sample_anchors(jax.random.key(7), lm, 5)
+    blk = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
     props = _planted_proposals(ids, blk, np.random.default_rng(2))
     acc = dvd.accept_counts(props, blk)
     a2, k2 = dvd.shifted_anchors(lm, anchors, keep, acc)
@@ -213,7 +214,7 @@ def test_token_interfaces_embed_through_the_frozen_embedding():
     out = {}
     for carry in ("draft_tokens", "target_tokens"):
         sc = _sc(dc, dvd_carry=carry)
-        out[carry] = np.asarray(carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2)[0])
+        out[carry] = np.asarray(dvd.carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2)[0])
     tm = TargetLM(TCFG)
     checked = 0
     for i in range(2):
