@@ -12,7 +12,7 @@ from carryover_jax.models.drafter import frozen_from_target, init_drafter_params
 from carryover_jax.models.target import TargetLM, init_params
 from carryover_jax.train import anchors as A
 from carryover_jax.train import dvd
-from carryover_jax.train.losses import block_loss
+from carryover_jax.train.losses import block_loss, target_greedy_labels
 from carryover_jax.train.step import step_config
 
 TCFG = TargetConfig(family="qwen3", vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
@@ -385,8 +385,6 @@ def test_dvd_step_with_remat_and_vocabulary_chunks_equals_the_plain_one():
 def test_target_labels_judge_draft1_against_the_targets_greedy_tokens():
     """labels=target (source text): draft 1 is accepted against what the target itself would say at each
     position — its greedy tokens from a full forward — not against the recorded text."""
-    from carryover_jax.train.losses import target_greedy_labels
-
     dc = _dc()
     sc = _sc(dc, labels="target")
     tp = init_params(TCFG, jax.random.key(0))
