@@ -86,7 +86,8 @@ def context_limit(blocks: Blocks, block_size: int) -> Array:
 
 
 def context_mask(blocks: Blocks, block_size: int, seq_len: int) -> Array:
-    """[B, N*T, S]: a block's queries see context positions strictly before its anchor."""
+    """[B, N*T, S]: a block's queries see context positions strictly before its anchor. The dense form of
+    `context_limit` (what the step uses), kept as the reference the tests check it against."""
     a = jnp.repeat(blocks.anchors, block_size, axis=1)  # [B, N*T]
     k = jnp.repeat(blocks.keep, block_size, axis=1)
     return (jnp.arange(seq_len)[None, None, :] < a[:, :, None]) & k[:, :, None]
