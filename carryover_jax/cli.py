@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from carryover_jax.config import ATTENTION_BACKENDS
 from carryover_jax.errors import CarryoverError
 
 # Each command imports its modules inside its function, so that `carryover --help` and a refused
@@ -344,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the paper configs (--memory-configs) under --mesh on --devices, per --backend")
     b.add_argument("--memory-configs", default="qwen3_4b,gemma4_12b", help="bench train --memory: config names")
     b.add_argument("--mesh", default=None, help="bench train --memory: e.g. data=8,fsdp=8 (default data=-1)")
-    b.add_argument("--backend", nargs="+", default=None, choices=["einsum", "xla", "cudnn", "pallas", "auto"],
+    b.add_argument("--backend", nargs="+", default=None, choices=ATTENTION_BACKENDS,
                    help="bench steps: train step per attention backend (default einsum); "
                         "bench train --memory: backends compared (default einsum pallas)")
     b.add_argument("--drafter", help="bench decode: drafter folder (default: an untrained random drafter)")

@@ -13,6 +13,9 @@ from typing import Any, Mapping
 
 from carryover_jax.errors import ConfigError
 
+# attention kernels (models/layers.py attention_core says what each one runs)
+ATTENTION_BACKENDS = ("einsum", "xla", "cudnn", "pallas", "auto")
+
 FAMILIES = ("llama", "qwen3", "gemma3", "gemma4")
 # HF architectures we can load, mapped to our family switch. The multimodal Gemma classes load
 # their text model (`text_config`, weights under `model.language_model.`).
@@ -82,11 +85,14 @@ class TargetConfig:
     # Numerics: activations and params. float32 for parity tests and CPU; bfloat16 on accelerators.
     dtype: str = "float32"
     param_dtype: str = "float32"
-    # Attention kernels (models/layers.py ATTENTION_BACKENDS): a runtime choice like dtype, not part of
+    # Attention kernels (ATTENTION_BACKENDS): a runtime choice like dtype, not part of
     # the model; "einsum" is the reference, "auto" picks the fused kernels on GPU.
     attention_backend: str = "einsum"
 
     def __post_init__(self):
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got "
+                              f"{self.attention_backend!r}")
         if self.family not in FAMILIES:
             raise ConfigError(f"unknown target family {self.family!r}; supported: {', '.join(FAMILIES)}")
         if self.num_heads % self.num_kv_heads:
@@ -642,7 +648,7 @@ class TrainConfig:
     ce_weight: float | None = None  # None: 1.0 (dflash) / 0.1 (markov)
     l1_weight: float | None = None  # None: 0.0 (dflash) / 0.9 (markov)
     compute_dtype: str = "float32"  # "bfloat16" on accelerators; params stay float32
-    attention_backend: str = "einsum"  # "auto" | "pallas" | "xla" | "cudnn" (models/layers.py ATTENTION_BACKENDS)
+    attention_backend: str = "einsum"  # ATTENTION_BACKENDS
     remat: bool = False
     loss_chunk_rows: int = 0  # >0: draft/target vocabulary logits computed for this many rows at a time
     mesh: MeshConfig = MeshConfig()
@@ -667,8 +673,8 @@ class TrainConfig:
             raise ConfigError(f"dvd_carry must be 'hidden', 'draft_tokens' or 'target_tokens', got {self.dvd_carry!r}")
         if self.labels not in ("data", "target"):
             raise ConfigError(f"labels must be 'data' or 'target', got {self.labels!r}")
-        if self.attention_backend not in ("einsum", "xla", "cudnn", "pallas", "auto"):
-            raise ConfigError(f"attention_backend must be einsum, xla, cudnn, pallas or auto, got "
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got "
                               f"{self.attention_backend!r}")
 
     def replace(self, **kw) -> "TrainConfig":

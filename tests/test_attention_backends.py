@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
+from carryover_jax.errors import ConfigError
 from carryover_jax.models.drafter import carried_segment_mask, init_drafter_params
 from carryover_jax.models.kernels import prefix_attention
 from carryover_jax.models.layers import Blockwise, Prefix, attention_core, resolve_backend
@@ -161,8 +162,11 @@ def test_dense_segments_and_auto():
     for backend in BACKENDS:
         _check(_one, q, (k, v), backend, (m,))
     assert resolve_backend("auto") == ("pallas" if jax.default_backend() == "gpu" else "einsum")
-    with pytest.raises(ValueError, match="unknown attention backend"):
+    with pytest.raises(ConfigError, match="unknown attention backend"):
         resolve_backend("flash")
+    for make in (lambda: TCFG.replace(attention_backend="flash"), lambda: TrainConfig(attention_backend="flash")):
+        with pytest.raises(ConfigError, match="attention_backend must be one of"):
+            make()
 
 
 TCFG = TargetConfig(family="qwen3", vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,

@@ -382,7 +382,7 @@ def test_dvd_step_with_remat_and_vocabulary_chunks_equals_the_plain_one():
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), s0.params, s1.params)
 
 
-def test_target_labels_judge_draft1_against_the_targets_greedy_tokens():
+def test_target_labels_judge_draft1_against_the_targets_greedy_tokens(monkeypatch):
     """labels=target (source text): draft 1 is accepted against what the target itself would say at each
     position — its greedy tokens from a full forward — not against the recorded text."""
     dc = _dc()
@@ -405,10 +405,6 @@ def test_target_labels_judge_draft1_against_the_targets_greedy_tokens():
     acc = np.asarray(dvd.accept_counts(jnp.asarray(props), blk.replace(labels=jnp.asarray(want))))
     assert (acc * k).sum() >= k.sum() and (np.asarray(dvd.accept_counts(jnp.asarray(props), blk)) * k).sum() < k.sum()
     # inside the DVD step: the same acceptance when draft 1 proposes these tokens
-    draft1 = dvd.draft_proposals
-    try:
-        dvd.draft_proposals = lambda *a, **kw: jnp.asarray(props)
-        _, m = dvd.dvd_loss(params, sc, tp, {"input_ids": ids, "loss_mask": lm}, rng)
-    finally:
-        dvd.draft_proposals = draft1
+    monkeypatch.setattr(dvd, "draft_proposals", lambda *a, **kw: jnp.asarray(props))
+    _, m = dvd.dvd_loss(params, sc, tp, {"input_ids": ids, "loss_mask": lm}, rng)
     assert float(m["draft1/accept_mean"]) == pytest.approx((acc * k).sum() / k.sum())

@@ -17,23 +17,26 @@ import dataclasses
 import functools
 import json
 import math
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from carryover_jax.bench.steps import _median_ms
-from carryover_jax.config import DrafterConfig, MeshConfig, TargetConfig, TrainConfig
-from carryover_jax.errors import ConfigError
+from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig, preset
 from carryover_jax.loading import load_target
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.target import abstract_params
 from carryover_jax.train.loop import build_drafter, train
 from carryover_jax.train.responses import target_features
-from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
+from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, mesh_sizes
+from carryover_jax.train.step import (compile_step, drafter_shardings, init_state, make_optimizer, state_shardings,
+                                      step_config, target_shardings, train_step)
 from carryover_jax.train.store import ResponseStore
 
 
@@ -165,16 +168,6 @@ def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
     return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
 
 
-def _mesh_sizes(mesh: MeshConfig, devices: int) -> tuple[int, int, int]:
-    sizes = [mesh.data, mesh.fsdp, mesh.tensor]
-    known = math.prod(s for s in sizes if s != -1)
-    if -1 in sizes:
-        sizes[sizes.index(-1)] = max(1, devices // known)
-    if math.prod(sizes) != devices:
-        raise ConfigError(f"mesh data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]} does not use {devices} devices")
-    return tuple(sizes)
-
-
 def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterConfig, *, devices: int,
                     backend: str = "einsum") -> dict:
     """Per-device bytes of one training step of `cfg` (its mode, mesh, batch, remat, dtypes) with the
@@ -187,12 +180,7 @@ def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
     any other mesh falls back to `memory_estimate` (eval_shape). Compiled on a platform other than the
     target one (CPU for GPU), the numbers are that platform's buffer assignment for the same program: the
     Pallas kernel runs in interpret mode there, which keeps its tiles, not [T, S] buffers."""
-    from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh
-    from carryover_jax.train.step import (compile_step, drafter_shardings, state_shardings,
-                                          target_shardings)
-    import flax.linen as nn
-
-    data, fsdp, tensor = _mesh_sizes(cfg.mesh, devices)
+    data, fsdp, tensor = mesh_sizes(cfg.mesh, devices)
     run_cfg = cfg.replace(attention_backend=backend, features="online")
     sc = step_config(run_cfg, target_cfg, dcfg)
     opt = make_optimizer(run_cfg, 10)
@@ -237,9 +225,6 @@ def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
 def memory_table(configs: dict[str, TrainConfig], *, devices: int, backends=("einsum", "pallas"),
                  progress: bool = True) -> dict:
     """`compiled_memory` of each named paper config (its preset target, its drafter) for each backend."""
-    from carryover_jax.config import preset
-    import sys
-
     rows = []
     for name, cfg in configs.items():
         tcfg = preset(_PRESET_OF.get(name, name))

@@ -16,6 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from carryover_jax.config import ATTENTION_BACKENDS
+from carryover_jax.errors import ConfigError
+
 Array = jax.Array
 NEG_INF = -1e30  # finite, so fully masked rows give a uniform (not NaN) softmax
 
@@ -176,12 +179,9 @@ class Prefix:
 # position cache with T queries per row.) `Blockwise` segments (block-diagonal, [T, S/N] scores:
 # small) are einsum in every backend. "auto": pallas on GPU,
 # einsum elsewhere (TPU: the kernel is Triton-style and untested on Mosaic).
-ATTENTION_BACKENDS = ("einsum", "xla", "cudnn", "pallas", "auto")
-
-
 def resolve_backend(name: str) -> str:
     if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; one of {', '.join(ATTENTION_BACKENDS)}")
+        raise ConfigError(f"unknown attention backend {name!r}; one of {', '.join(ATTENTION_BACKENDS)}")
     if name == "auto":
         return "pallas" if jax.default_backend() == "gpu" else "einsum"
     return name

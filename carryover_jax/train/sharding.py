@@ -37,19 +37,24 @@ LOGICAL_RULES = (
 )
 
 
-def make_mesh(cfg: MeshConfig = MeshConfig(), devices=None) -> jax.sharding.Mesh:
-    devices = list(devices if devices is not None else jax.devices())
+def mesh_sizes(cfg: MeshConfig, num_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) of `cfg` on `num_devices` devices, its one -1 axis filled in."""
     sizes = [cfg.data, cfg.fsdp, cfg.tensor]
     if sizes.count(-1) > 1:
         raise ConfigError("at most one mesh axis may be -1")
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
-        if len(devices) % known:
-            raise ConfigError(f"{len(devices)} devices do not split into mesh axes {sizes}")
-        sizes[sizes.index(-1)] = len(devices) // known
-    if math.prod(sizes) != len(devices):
-        raise ConfigError(f"mesh {dict(zip(AXES, sizes))} needs {math.prod(sizes)} devices, have {len(devices)}")
-    return jax.make_mesh(tuple(sizes), AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+        if num_devices % known:
+            raise ConfigError(f"{num_devices} devices do not split into mesh axes {sizes}")
+        sizes[sizes.index(-1)] = num_devices // known
+    if math.prod(sizes) != num_devices:
+        raise ConfigError(f"mesh {dict(zip(AXES, sizes))} needs {math.prod(sizes)} devices, have {num_devices}")
+    return tuple(sizes)
+
+
+def make_mesh(cfg: MeshConfig = MeshConfig(), devices=None) -> jax.sharding.Mesh:
+    devices = list(devices if devices is not None else jax.devices())
+    return jax.make_mesh(mesh_sizes(cfg, len(devices)), AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
 def _fit(spec: P, shape, mesh) -> P:
