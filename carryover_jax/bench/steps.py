@@ -28,6 +28,7 @@ from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig, next_
 from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode import speculative as sp
 from carryover_jax.models.drafter import init_drafter_params
+from carryover_jax.models.layers import LiveMask, Prefix, attention_core
 from carryover_jax.models.target import abstract_params
 from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
 
@@ -77,7 +78,7 @@ def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab",
         try:
             row.update(_decode_times(tb, db, tp, dp, prompt, lens, max_len, repeats))
         except Exception as e:  # noqa: BLE001 - a device check reports every backend
-            row["error"] = f"decode: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            row["error"] = "decode: " + _error(e)
         t = _train_step(tcfg, dcfg, tp, batch_, anchors, bk, max(3, repeats // 3))
         train_error = t.pop("error", None)
         errors = [row.pop("error", None), train_error and "train: " + train_error]
@@ -106,14 +107,18 @@ def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab",
     return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
 
 
+def _error(e: Exception) -> str:
+    """One line for a backend that failed: a device check reports every backend instead of raising."""
+    first = str(e).splitlines()[0][:300] if str(e) else ""
+    return f"{type(e).__name__}: {first}"
+
+
 def kernel_check(tcfg: TargetConfig, backends, *, queries: int, keys: int, block: int, context: int,
                  decode_queries: int, seed: int = 0) -> list[dict[str, Any]]:
     """Each backend against einsum on the device, at the model's head shapes and dtype: training's
     anchor-prefix context attention (+ its own block-diagonal block), output and gradients, and a
     decode-time live-length cache read (verification's P+1 queries over `context` slots). Max abs
     difference relative to the reference's max abs value (bf16: ~1e-2 is rounding)."""
-    from carryover_jax.models.layers import LiveMask, Prefix, attention_core
-
     rng = np.random.default_rng(seed)
     h, hkv, d = tcfg.num_heads, tcfg.num_kv_heads, tcfg.head_dim
     dt = jnp.dtype(tcfg.dtype)
@@ -151,7 +156,7 @@ def kernel_check(tcfg: TargetConfig, backends, *, queries: int, keys: int, block
             row["train_grad_rel"] = float(f"{max(rel(a, b) for a, b in zip(g, g_ref)):.3g}")
             row["decode_out_rel"] = float(f"{rel(decode_fn(bk)(qd, kc, vc), d_ref):.3g}")
         except Exception as e:  # noqa: BLE001 - a device check reports every backend
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            row["error"] = _error(e)
         rows.append(row)
     return rows
 
@@ -222,7 +227,7 @@ def _train_step(tcfg, dcfg, tp, batch, anchors: int, backend: str, repeats: int)
         row["compile_s"] = round(time.perf_counter() - t, 2)
         row["train_step_ms"] = round(_median_ms(lambda: compiled(st, tp, batch)[1]["loss"], repeats), 2)
     except Exception as e:  # noqa: BLE001 - a device check reports every backend
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        row["error"] = _error(e)
     return row
 
 
