@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-NEG_INF = -1e30  # the same finite "masked" value as layers.NEG_INF
+NEG_INF = -1e30  # finite, so fully masked rows give a uniform (not NaN) softmax; layers.py uses it too
 BLOCK_Q = 64
 BLOCK_K = 64
 

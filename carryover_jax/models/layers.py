@@ -18,9 +18,9 @@ import numpy as np
 
 from carryover_jax.config import ATTENTION_BACKENDS
 from carryover_jax.errors import ConfigError
+from carryover_jax.models.kernels import NEG_INF, prefix_attention
 
 Array = jax.Array
-NEG_INF = -1e30  # finite, so fully masked rows give a uniform (not NaN) softmax
 
 
 VOCAB_MAJOR_MAX_ROWS = 64
@@ -252,10 +252,8 @@ def _pallas_part(qg: Array, k: Array, v: Array, mask: Prefix, scale: float):
     """A `Prefix` segment through the fused kernel: (lse, 0/1, normalised out) merge like (max, sum,
     out) — w = exp(lse - max) rescales the normalised output by its softmax mass; a query with no
     visible key has lse NEG_INF, sum 0 and out 0 (an exact 0 contribution)."""
-    from carryover_jax.models import kernels
-
     b, hkv, g, t, d = qg.shape
-    out, lse = kernels.prefix_attention(qg.reshape(b, hkv * g, t, d), k, v, mask.limit, mask.lower, scale=scale)
+    out, lse = prefix_attention(qg.reshape(b, hkv * g, t, d), k, v, mask.limit, mask.lower, scale=scale)
     lse = lse.reshape(b, hkv, g, t, 1)
     seen = lse > NEG_INF / 2
     # the `where`s stop the merge's 0 * inf cotangents of empty rows (denominator 0) at the kernel
@@ -280,11 +278,9 @@ def _pallas_live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: floa
     K/V head are folded into its query axis (G*T rows, one program per row and K/V head reads the
     K/V head once), and each program reads key tiles only up to its row's live length (and from its
     window's first tile): per-row lengths, not the batch's longest. Forward only (decoding)."""
-    from carryover_jax.models import kernels
-
     b, hkv, g, t, d = qg.shape
     rep = lambda x: None if x is None else jnp.tile(x, (1, g))  # noqa: E731  [B, T] -> [B, G*T], g-major
-    out, lse = kernels.prefix_attention(qg.reshape(b, hkv, g * t, d), k, v, rep(mask.limit), rep(mask.lower),
+    out, lse = prefix_attention(qg.reshape(b, hkv, g * t, d), k, v, rep(mask.limit), rep(mask.lower),
                                         scale=scale)
     lse = lse.reshape(b, hkv, g, t, 1)
     seen = lse > NEG_INF / 2
