@@ -22,7 +22,9 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def gemma():
     from carryover_jax import load_target
+    from tests.packaged import resolve_packaged
 
+    resolve_packaged("gemma3-270m")  # assembled and converted once, by one test process at a time
     return load_target("gemma3-270m")
 
 

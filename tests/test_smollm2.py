@@ -21,7 +21,9 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def smollm2():
     from carryover_jax import load_target
+    from tests.packaged import resolve_packaged
 
+    resolve_packaged("smollm2")  # converted once, by one test process at a time
     return load_target("smollm2")
 
 
