@@ -423,8 +423,9 @@ def test_prepare_source_responses_keep_the_dataset_reply(tiny_llama, tmp_path):
                      max_new_tokens=8, min_loss_tokens=3, max_prompt_tokens=32)
     store = prepare_responses(cfg, target, progress=False)
     stop = target.stop_token_ids[0]
-    assert store.ids() == ["a", "b"] and "c" in store.done_ids()  # c's reply has too few loss tokens
-    a, b = store[0], store[1]
+    # c's reply has too few loss tokens (records come in prompt-length order: look them up by id)
+    assert sorted(store.ids()) == ["a", "b"] and "c" in store.done_ids()
+    a, b = (store[store.ids().index(cid)] for cid in ("a", "b"))
     assert a["input_ids"].tolist() == target.encode([rows[0]["messages"][0]]) + [10, 11, 12, 13, 14, stop]
     assert a["loss_mask"].tolist() == [0] * len(target.encode([rows[0]["messages"][0]])) + [1] * 6
     head = target.encode(rows[1]["messages"][:2])

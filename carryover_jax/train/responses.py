@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 from typing import Any, Iterator
 
 import jax
@@ -31,6 +32,7 @@ from carryover_jax.train.store import ResponseStore
 # Stands in for a reply while rendering the template text that follows it. Not a special token and
 # free of whitespace, so templates copy it verbatim (one that rewrites assistant content is refused).
 SENTINEL = "CARRYOVERxREPLYx7f3a9c"
+SORT_WINDOW = 8  # batches whose conversations are sorted by prompt length together
 # DataConfig fields that change what a store contains; a store reopened with other values is refused.
 # (max_prompts may grow between runs to extend a store; gen_batch_size only groups the work.)
 CONTENT_FIELDS = ("source", "split", "heldout_per_mille", "responses", "max_turns", "max_prompt_tokens",
@@ -98,15 +100,16 @@ def _planned(cfg: DataConfig, target) -> Iterator[tuple[Conversation, list[int]]
         yield conv, ids
 
 
-def _batches(items: Iterator, size: int) -> Iterator[list]:
-    batch = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+def _batches(items: Iterator[tuple[Conversation, list[int]]], size: int,
+             window: int = SORT_WINDOW) -> Iterator[list]:
+    """Batches of `size`; within each run of `window` batches the conversations are sorted by prompt
+    length, so a batch's rows pad to similar lengths (the prefill and the feature pass pad every row to
+    the batch's longest). Deterministic, so a resumed run sees the same batches."""
+    items = iter(items)
+    while chunk := list(itertools.islice(items, size * window)):
+        chunk.sort(key=lambda item: len(item[1]))
+        for i in range(0, len(chunk), size):
+            yield chunk[i: i + size]
 
 
 # ---- replaying one batch of conversations ------------------------------------------------------------
