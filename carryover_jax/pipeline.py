@@ -38,11 +38,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                  "max_prompt_tokens": 256, "temperatures": [0.0], "seeds": 1, "batch_sizes": [1, 2], "max_len": 512,
                  "diagnostics": True, "diagnostic_prompts": 1},
     },
-    # the reference run of docs/ (~1.5 h on 2 CPU cores): 128 conversations, 300 baseline + 80 continuation steps
+    # the reference run of docs/ (~2 h on 2 CPU cores): the config as it stands (configs/smollm2.py: 1,024
+    # conversations, 1,200 baseline + 360 continuation steps)
     "full": {
-        "train": {"data.max_prompts": 128, "steps": 300, "save_every": 100},
-        "continue": {"steps": 80, "save_every": 40},
-        "eval": {"datasets": ["sharegpt", "humaneval", "mtbench"], "prompts_per_dataset": 3, "max_new_tokens": 64,
+        "train": {},
+        "continue": {},
+        "eval": {"datasets": ["sharegpt", "humaneval", "mtbench"], "prompts_per_dataset": 5, "max_new_tokens": 64,
                  "temperatures": [0.0, 1.0], "seeds": 2, "batch_sizes": [1, 4], "max_len": 1024,
                  "diagnostics": True, "diagnostic_prompts": 1},
     },
