@@ -8,12 +8,13 @@ import pytest
 
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
 from carryover_jax.decode.drafting import append_context, draft_block_logits, new_context_cache, sequential_proposals
-from carryover_jax.models.drafter import frozen_from_target, init_drafter_params
-from carryover_jax.models.target import TargetLM, init_params
+from carryover_jax.models.drafter import frozen_from_target
+from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
 from carryover_jax.train import dvd
 from carryover_jax.train.losses import block_loss, target_greedy_labels
 from carryover_jax.train.step import step_config
+from tests.cached_init import init_drafter_params, init_params
 
 TCFG = TargetConfig(family="qwen3", vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
                     num_kv_heads=2, head_dim=16, qk_norm=True)
@@ -178,7 +179,7 @@ def test_gradients_reach_carryover_through_carried_kv_and_nothing_else():
     grads = {}
     for mode in ("dvd", "control"):
         sc = _sc(dc, mode=mode)
-        grads[mode] = jax.grad(lambda pr, t: dvd.dvd_loss(pr, sc, t, batch, rng)[0], argnums=(0, 1))(params, tp)
+        grads[mode] = jax.jit(jax.grad(lambda pr, t: dvd.dvd_loss(pr, sc, t, batch, rng)[0], argnums=(0, 1)))(params, tp)
     gd, gt = grads["dvd"]
     assert float(jnp.abs(gd["e_rej"]).max()) > 1e-6
     assert float(jnp.abs(gd["fc"]["kernel"]).max()) > 1e-6
@@ -189,14 +190,14 @@ def test_gradients_reach_carryover_through_carried_kv_and_nothing_else():
     sc = _sc(dc)
     feats, last = _feats(tp, ids)
     frozen = frozen_from_target(tp, TCFG)
-    anchors, keep, nvalid = A.sample_anchors(rng, lm, 5)
-    blk = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
-    props = dvd.draft_proposals(sc, params, frozen, feats, blk)
+    anchors, keep, nvalid = sample_anchors(rng, lm, 5)
+    blk = build_blocks(dc, ids, lm, anchors, keep, nvalid)
+    props = draft_proposals(sc, params, frozen, feats, blk)
     acc = dvd.accept_counts(props, blk)
     a2, k2 = dvd.shifted_anchors(lm, anchors, keep, acc)
-    carried = jax.tree_util.tree_map(np.asarray, dvd.carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2))
-    blk2 = A.build_blocks(dc, ids, lm, a2, k2, nvalid)
-    g2 = jax.grad(lambda pr: block_loss(pr, sc, tp, frozen, ids, feats, last, blk2, carried)[0])(params)
+    carried = jax.tree_util.tree_map(np.asarray, carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2))
+    blk2 = build_blocks(dc, ids, lm, a2, k2, nvalid)
+    g2 = jax.jit(jax.grad(lambda pr: block_loss(pr, sc, tp, frozen, ids, feats, last, blk2, carried)[0]))(params)
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-7), gd, g2)
 
 
