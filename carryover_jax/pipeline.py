@@ -1,7 +1,8 @@
 """`carryover pipeline`: the main job as one resumable run into one folder.
 
-prepare (target-regenerated responses) -> baseline training -> two continuations from the same baseline
-drafter (the equal-compute control and Carryover DVD) -> eval of all arms side by side -> report.
+prepare (target-regenerated responses) -> baseline training -> the baseline's τ/speed curve (its snapshots
+at T = 0, batch 1) -> two continuations from the same baseline drafter (the equal-compute control and
+Carryover DVD) -> eval of all arms side by side -> report.
 
 Every stage writes `<out>/<stage>/stage.json` when it finishes; a rerun skips finished stages, and a
 stage that was killed resumes inside itself (prepare and training resume from their stores and
@@ -21,7 +22,9 @@ from typing import Any, Callable
 from carryover_jax.config import TrainConfig, apply_overrides
 from carryover_jax.configs import load_config
 from carryover_jax.errors import ConfigError
-from carryover_jax.eval.run import evaluate, load_result
+from carryover_jax.eval.curve import curve_rows, snapshot_arms
+from carryover_jax.eval.report import render_curve
+from carryover_jax.eval.run import evaluate, load_result, write_outputs
 from carryover_jax.io import atomic_write_json
 from carryover_jax.loading import load_target
 from carryover_jax.train.loop import train
@@ -141,13 +144,27 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
     results = {"prepare": stage("prepare", prepare)}
     if should_stop("prepare"):
         return results
-    for name in ("baseline", "control", "dvd"):
-        def run_train(name=name):
-            summary = train(cfgs[name], progress=progress)
-            if not summary.get("finished"):
-                raise ConfigError(f"stage {name} did not finish")
-            return {**summary, "final_metrics": _last_metrics(Path(cfgs[name].out_dir))}
-        results[name] = stage(name, run_train)
+    def run_train(name):
+        summary = train(cfgs[name], progress=progress)
+        if not summary.get("finished"):
+            raise ConfigError(f"stage {name} did not finish")
+        return {**summary, "final_metrics": _last_metrics(Path(cfgs[name].out_dir))}
+
+    def run_curve():
+        # the eval's prompts, T = 0, batch 1 only: each snapshot costs one decoding pass, not the full eval
+        run = out / "baseline"
+        if not any((run / "snapshots").glob("step_*")):  # e.g. the quick preset: a curve of one point says nothing
+            return {"skipped": "the baseline wrote no snapshots (snapshot_every)", "rows": []}
+        kw = {k: v for k, v in ev.items() if k not in ("temperatures", "seeds", "batch_sizes", "diagnostics",
+                                                       "diagnostic_prompts")}
+        result = evaluate(get_target(), snapshot_arms(run), temperatures=[0.0], seeds=1, batch_sizes=[],
+                          progress=progress, log=log, **kw)
+        result["curve"] = curve_rows(result, run)
+        write_outputs(result, out / "curve" / "result")
+        return {"folder": str(out / "curve" / "result"), "rows": result["curve"]}
+
+    for name in ("baseline", "curve", "control", "dvd"):
+        results[name] = stage(name, run_curve if name == "curve" else lambda name=name: run_train(name))
         if should_stop(name):
             return results
 
@@ -167,6 +184,14 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
 def _last_metrics(run_dir: Path) -> dict:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").is_file() else []
     return json.loads(lines[-1]) if lines else {}
+
+
+def _curve_section(curve: dict | None) -> list[str]:
+    if not curve or not curve.get("rows"):
+        return []
+    return ["## The baseline's τ and speed against training time", "",
+            "Its snapshots decoded at T = 0, batch 1, on the eval prompts (speedup over AR timed in the same run; "
+            "`curve/result/curve.png`):", "", *render_curve(curve["rows"]), ""]
 
 
 def write_report(out: Path, results: dict) -> dict:
@@ -190,6 +215,7 @@ def write_report(out: Path, results: dict) -> dict:
         "| stage | steps | minutes | loss | τ estimate (teacher forced) | draft-1 τ (greedy, DVD step) "
         "| τ estimate, carried withheld |", "|---|---|---|---|---|---|---|", *rows, "",
         "Training curves: `baseline/metrics.png`, `control/metrics.png`, `dvd/metrics.png`.", "",
+        *_curve_section(results.get("curve")),
         "## Decoding (carryover eval)", "",
         "Arms: `baseline` (the starting drafter), `control` (equal-compute continuation), `carryover` (the DVD "
         "drafter decoding with carried rows), `dvd-nocarry` (the same DVD drafter with carried rows withheld: "

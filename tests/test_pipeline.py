@@ -59,7 +59,8 @@ def test_pipeline_runs_every_stage_skips_finished_ones_and_resumes_a_killed_stag
     ev = {"datasets": [f"user={prompts}"], "prompts_per_dataset": 2, "max_new_tokens": 8, "temperatures": [0.0],
           "batch_sizes": [1], "diagnostics": False}
     kw = dict(preset="quick", overrides=["steps=4", "data.max_prompts=12", "data.max_new_tokens=12",
-                                         "num_anchors=4", "batch_size=8", "save_every=2", "log_every=1"],
+                                         "num_anchors=4", "batch_size=8", "save_every=2", "log_every=1",
+                                         "snapshot_every=2"],
               continue_overrides=["steps=4", "save_every=2"], eval_overrides=ev, progress=False)
     msgs = []
     run_pipeline(config, out, stop_after="baseline", log=msgs.append, **kw)
@@ -80,7 +81,10 @@ def test_pipeline_runs_every_stage_skips_finished_ones_and_resumes_a_killed_stag
     for arm in ("baseline", "control", "carryover", "dvd-nocarry"):
         assert arm in report
     summary = json.loads((out / "report.json").read_text())
-    assert set(summary["stages"]) >= {"prepare", "baseline", "control", "dvd", "eval"}
+    assert set(summary["stages"]) >= {"prepare", "baseline", "curve", "control", "dvd", "eval"}
+    # the baseline's curve: its step-2 snapshot and its final drafter, decoded at T = 0
+    assert [r["step"] for r in summary["stages"]["curve"]["rows"]] == [2, 4]
+    assert "against training time" in report and (out / "curve" / "result" / "curve.png").is_file()
     assert any(p.suffix == ".png" for p in (out / "eval" / "result").iterdir())
     # a finished pipeline reruns as a no-op; other settings in the same folder are refused
     msgs.clear()

@@ -62,6 +62,13 @@ def _main_table(summary, drafters, metric: str, title: str, digits: int, suffix:
     return lines
 
 
+def render_curve(curve: list[dict[str, Any]]) -> list[str]:
+    """The rows of `curve.curve_rows` as a Markdown table."""
+    return ["| step | training minutes | τ | speedup over AR |", "|---|---|---|---|"] + [
+        f"| {r['step']} | {'-' if r['train_minutes'] is None else r['train_minutes']} | {r['tau']:.3f} | "
+        f"{r['speedup']:.2f}x |" for r in curve]
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     summary = summary_of(result)
     drafters = result["drafters"]
@@ -127,11 +134,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         L += render_diagnostics(diag)
     curve = result.get("curve")
     if curve:
-        L += ["### τ and speedup against training time (T = 0, all datasets)", "",
-              "| step | training minutes | τ | speedup over AR |", "|---|---|---|---|"]
-        L += [f"| {r['step']} | {'-' if r['train_minutes'] is None else r['train_minutes']} | {r['tau']:.3f} | "
-              f"{r['speedup']:.2f}x |" for r in curve]
-        L.append("")
+        L += ["### τ and speedup against training time (T = 0, all datasets)", "", *render_curve(curve), ""]
     L.append("Plots: `tau.png` (τ per dataset per drafter), `throughput.png` (throughput vs batch), "
              "`accept_lengths.png` (distribution of accepted lengths)"
              + (", `diagnostics.png` (ON/OFF replay, re-convergence)" if diag else "")
