@@ -32,10 +32,17 @@ def _losses(out):
     return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 
 
-def test_kill_and_resume_continue_exactly(tiny_llama, store, tmp_path):
-    full = train(_cfg(tiny_llama, store, tmp_path / "a"), progress=False)
-    assert full["finished"] and (tmp_path / "a" / "metrics.png").is_file()
-    want = _losses(tmp_path / "a")
+@pytest.fixture(scope="module")
+def full_run(tiny_llama, store, tmp_path_factory):
+    """One uninterrupted 8-step run: the losses the killed, resumed and fallback runs must reproduce."""
+    out = tmp_path_factory.mktemp("full") / "a"
+    return train(_cfg(tiny_llama, store, out), progress=False), out
+
+
+def test_kill_and_resume_continue_exactly(tiny_llama, store, full_run, tmp_path):
+    full, a = full_run
+    assert full["finished"] and (a / "metrics.png").is_file()
+    want = _losses(a)
     assert sorted(want) == list(range(1, 9))
 
     part = train(_cfg(tiny_llama, store, tmp_path / "b"), progress=False, stop_at_step=5)  # "killed" after step 5
@@ -49,11 +56,11 @@ def test_kill_and_resume_continue_exactly(tiny_llama, store, tmp_path):
     # the exported drafter loads and matches the final params
     from carryover_jax import load_drafter
 
-    d = load_drafter(tmp_path / "a" / "drafter")
+    d = load_drafter(a / "drafter")
     assert d.cfg.kind == "markov" and d.cfg.carryover
 
 
-def test_corrupt_checkpoint_falls_back_to_the_last_good_one(tiny_llama, store, tmp_path, capsys):
+def test_corrupt_checkpoint_falls_back_to_the_last_good_one(tiny_llama, store, full_run, tmp_path, capsys):
     cfg = _cfg(tiny_llama, store, tmp_path / "c")
     train(cfg, progress=False, stop_at_step=5)
     ckpts = tmp_path / "c" / "checkpoints"
@@ -65,9 +72,9 @@ def test_corrupt_checkpoint_falls_back_to_the_last_good_one(tiny_llama, store, t
     assert out["finished"]
     assert "checkpoint step 4" in capsys.readouterr().err
     want = _losses(tmp_path / "c")
-    ref = train(_cfg(tiny_llama, store, tmp_path / "ref"), progress=False)
+    ref, ref_out = full_run  # the same config run uninterrupted
     assert ref["finished"]
-    assert _losses(tmp_path / "ref")[8] == pytest.approx(want[8], rel=1e-5, abs=1e-6)
+    assert _losses(ref_out)[8] == pytest.approx(want[8], rel=1e-5, abs=1e-6)
 
 
 def test_bad_store_is_a_clear_error(tiny_llama, tmp_path):
