@@ -12,12 +12,12 @@ import pytest
 
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
 from carryover_jax.errors import ConfigError
-from carryover_jax.models.drafter import carried_segment_mask
+from carryover_jax.models.drafter import carried_segment_mask, init_drafter_params
 from carryover_jax.models.kernels import prefix_attention
 from carryover_jax.models.layers import Blockwise, Prefix, attention_core, resolve_backend
+from carryover_jax.models.target import init_params
 from carryover_jax.train import anchors as A
 from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
-from tests.cached_init import init_drafter_params, init_params
 
 BACKENDS = ("xla", "cudnn", "pallas")  # cudnn off GPU: its one-segment path through XLA's dpa
 B, H, HKV, D = 2, 4, 2, 16

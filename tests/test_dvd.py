@@ -8,13 +8,12 @@ import pytest
 
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
 from carryover_jax.decode.drafting import append_context, draft_block_logits, new_context_cache, sequential_proposals
-from carryover_jax.models.drafter import frozen_from_target
-from carryover_jax.models.target import TargetLM
+from carryover_jax.models.drafter import frozen_from_target, init_drafter_params
+from carryover_jax.models.target import TargetLM, init_params
 from carryover_jax.train import anchors as A
 from carryover_jax.train import dvd
 from carryover_jax.train.losses import block_loss, target_greedy_labels
 from carryover_jax.train.step import step_config
-from tests.cached_init import init_drafter_params, init_params
 
 TCFG = TargetConfig(family="qwen3", vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
                     num_kv_heads=2, head_dim=16, qk_norm=True)

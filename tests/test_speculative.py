@@ -8,7 +8,7 @@ import pytest
 from carryover_jax import generate, load_target
 from carryover_jax.config import DrafterConfig
 from carryover_jax.decode.generate import speculative_generate
-from tests.cached_init import init_drafter_params
+from carryover_jax.models.drafter import init_drafter_params
 
 
 def _drafter(target, kind, layout, proposals=4, seed=0):

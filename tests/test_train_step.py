@@ -8,14 +8,14 @@ import optax
 import pytest
 
 from carryover_jax.config import DrafterConfig, DrafterSpec, MeshConfig, TargetConfig, TrainConfig
-from carryover_jax.models.target import TargetLM
+from carryover_jax.models.drafter import init_drafter_params
+from carryover_jax.models.target import TargetLM, init_params
 from carryover_jax.train import anchors as A
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
 from carryover_jax.train.step import (
     compile_step, drafter_shardings, init_state, lr_schedule, make_optimizer, state_shardings, step_config,
     target_shardings, train_step,
 )
-from tests.cached_init import init_drafter_params, init_params
 
 TCFG = TargetConfig(family="qwen3", vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
                     num_kv_heads=2, head_dim=16, qk_norm=True)

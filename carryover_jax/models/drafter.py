@@ -260,6 +260,12 @@ def check_pair(cfg: DrafterConfig, target_cfg) -> None:
 def init_drafter_params(cfg: DrafterConfig, rng: Array, *, boxed: bool = False):
     """Random init (N(0, 0.02) kernels, unit norms, zero e_rej), like DeepSpec's post_init.
     `boxed` keeps flax's logical-partitioning boxes (for sharding specs; use under eval_shape)."""
+    out = _init_drafter(cfg, rng)
+    return out if boxed else nn.unbox(out)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))  # one compile per config, not one per call
+def _init_drafter(cfg: DrafterConfig, rng: Array):
     d = cfg.hidden_size
     v = cfg.backbone.vocab_size
     frozen = {"embed": jnp.zeros((v, d)), "head": jnp.zeros((d, v))}
@@ -271,11 +277,7 @@ def init_drafter_params(cfg: DrafterConfig, rng: Array, *, boxed: bool = False):
         kw = dict(carried=jnp.zeros((1, p, cfg.feature_dim)), carried_positions=jnp.zeros((1, p), jnp.int32),
                   carried_valid=jnp.ones((1, p), bool))
 
-    def init(r):
-        return Drafter(cfg).init(r, *args, **kw, method=Drafter.init_all)
-
-    out = jax.jit(init)(rng)["params"]
-    return out if boxed else nn.unbox(out)
+    return Drafter(cfg).init(rng, *args, **kw, method=Drafter.init_all)["params"]
 
 
 def proposal_slots(cfg: DrafterConfig) -> slice:

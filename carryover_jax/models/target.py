@@ -15,6 +15,7 @@ window's chunks), so rollback stays `lengths = ...` for every layer.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -248,11 +249,15 @@ class TargetLM(nn.Module):
         return logits, new_cache, taps
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "batch", "seq"))
+def _init(cfg: TargetConfig, rng: Array, batch: int, seq: int):
+    return TargetLM(cfg).init(rng, jnp.zeros((batch, seq), jnp.int32))
+
+
 def init_params(cfg: TargetConfig, rng: Array, *, batch: int = 1, seq: int = 8):
-    """Random params (tests, benchmarks). Loaded checkpoints never go through init."""
-    model = TargetLM(cfg)
-    tokens = jnp.zeros((batch, seq), jnp.int32)
-    return nn.unbox(jax.jit(model.init)(rng, tokens))["params"]
+    """Random params (tests, benchmarks). Loaded checkpoints never go through init. One jitted init per
+    config (a fresh `jax.jit(model.init)` per call recompiled every time)."""
+    return nn.unbox(_init(cfg, rng, batch, seq))["params"]
 
 
 def abstract_params(cfg: TargetConfig):
