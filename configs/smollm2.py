@@ -4,11 +4,11 @@ decoding will verify), their target features are stored once at prepare time (tr
 the drafter), and a 2-layer DFlash drafter with Carryover learns to propose 3 tokens per round from an
 8,192-token draft vocabulary.
 
-Why these sizes (docs/experiments/): on this CPU the target's matrix products cost ~1.5-1.8x a one-row
-AR step for any 2-8 rows (XLA CPU's matrix-matrix path against its matrix-vector one), so the verify of
-P + 1 rows costs about the same for every P, while the drafter's own cost grows with P and with the
-vocabulary it scores: 3 proposals and K = 8,192 make a round ~1.5 AR steps, against ~2.0 for 7
-proposals over the full 49,152-token head. 64 anchors of 4-token blocks cost what 32
+Why these sizes: on this CPU verifying 8 rows costs ~1.6 AR steps (README, `carryover bench decode
+--breakdown`), mostly XLA CPU's small-row matrix products, so fewer rows save little there, while the
+drafter's own cost grows with P and with the vocabulary it scores. With 3 proposals and K = 8,192 a round
+costs τ ÷ speedup ≈ 1.39 AR steps in the full preset's curve (docs/experiments/regenerated-p3/), against
+~2.0 for 7 proposals over the full 49,152-token head. 64 anchors of 4-token blocks cost what 32
 anchors of 8 did. Feature layers follow the z-lab spacing for 30 layers: (1, 8, 14, 20, 27).
 """
 
