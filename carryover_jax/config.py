@@ -647,6 +647,9 @@ class TrainConfig:
     loss_decay_gamma: float = 4.0
     ce_weight: float | None = None  # None: 1.0 (dflash) / 0.1 (markov)
     l1_weight: float | None = None  # None: 0.0 (dflash) / 0.9 (markov)
+    # KL(p_target || p_draft) per proposal slot, from the target logits the loss already computes
+    # (soft labels; within a draft vocabulary, over its ids)
+    kl_weight: float = 0.0
     compute_dtype: str = "float32"  # "bfloat16" on accelerators; params stay float32
     attention_backend: str = "einsum"  # ATTENTION_BACKENDS
     remat: bool = False
@@ -671,6 +674,8 @@ class TrainConfig:
             raise ConfigError(f"mode must be 'baseline', 'dvd' or 'control', got {self.mode!r}")
         if self.dvd_carry not in ("hidden", "draft_tokens", "target_tokens"):
             raise ConfigError(f"dvd_carry must be 'hidden', 'draft_tokens' or 'target_tokens', got {self.dvd_carry!r}")
+        if self.kl_weight < 0:
+            raise ConfigError(f"kl_weight must be >= 0, got {self.kl_weight}")
         if self.labels not in ("data", "target"):
             raise ConfigError(f"labels must be 'data' or 'target', got {self.labels!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -7,7 +7,7 @@ the drafter), and a 2-layer DFlash drafter with Carryover learns to propose 3 to
 Why these sizes: on this CPU verifying 8 rows costs ~1.6 AR steps (README, `carryover bench decode
 --breakdown`), mostly XLA CPU's small-row matrix products, so fewer rows save little there, while the
 drafter's own cost grows with P and with the vocabulary it scores. With 3 proposals and K = 8,192 a round
-costs τ ÷ speedup ≈ 1.39 AR steps in the full preset's curve (docs/experiments/regenerated-p3/), against
+costs τ ÷ speedup ≈ 1.39 AR steps in the full preset's curve (docs/reference-run/), against
 ~2.0 for 7 proposals over the full 49,152-token head. 64 anchors of 4-token blocks cost what 32
 anchors of 8 did. Feature layers follow the z-lab spacing for 30 layers: (1, 8, 14, 20, 27).
 """

@@ -53,13 +53,24 @@ def test_row_terms_equal_the_full_vocabulary_with_the_rest_masked():
     labels = np.array([2, 9, 1, 8, 3, 0])  # the last two are outside
     full = np.full((6, v), -1e30, np.float32)
     full[:, vocab] = z
-    ce, l1, alpha, ok = map(np.asarray, row_terms(jnp.asarray(z), jnp.asarray(zt), jnp.asarray(labels), vocab))
-    ce_r, l1_r, alpha_r, ok_r = map(np.asarray, row_terms(jnp.asarray(full), jnp.asarray(zt), jnp.asarray(labels)))
+    ce, l1, alpha, ok, kl = map(np.asarray, row_terms(jnp.asarray(z), jnp.asarray(zt), jnp.asarray(labels), vocab))
+    ce_r, l1_r, alpha_r, ok_r, _ = map(np.asarray, row_terms(jnp.asarray(full), jnp.asarray(zt),
+                                                                   jnp.asarray(labels)))
     np.testing.assert_allclose(ce[:4], ce_r[:4], rtol=1e-6)
     np.testing.assert_array_equal(ce[4:], 0.0)
     np.testing.assert_allclose(l1, l1_r, rtol=1e-6)
     np.testing.assert_allclose(alpha, alpha_r, rtol=1e-6)
     np.testing.assert_array_equal(ok, ok_r)
+    # KL(target || draft) by hand: over the draft vocabulary only; over everything without one
+    pt = np.exp(zt - zt.max(-1, keepdims=True))
+    pt /= pt.sum(-1, keepdims=True)
+    logq = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    np.testing.assert_allclose(kl, np.sum(pt[:, vocab] * (np.log(pt[:, vocab]) - logq), -1), rtol=1e-5)
+    zf = rng.standard_normal((6, v)).astype(np.float32)
+    logqf = zf - np.log(np.exp(zf).sum(-1, keepdims=True))
+    kl_f = np.asarray(row_terms(jnp.asarray(zf), jnp.asarray(zt), jnp.asarray(labels))[4])
+    np.testing.assert_allclose(kl_f, np.sum(pt * (np.log(pt) - logqf), -1), rtol=1e-5)
+    assert (kl_f > 0).all()
 
 
 @pytest.mark.parametrize("carryover", [True, False])

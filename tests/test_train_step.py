@@ -278,3 +278,30 @@ def test_target_labels_are_the_targets_greedy_tokens():
     noisy = ids.copy()
     noisy[:, 8:] = rng.integers(1, TCFG.vocab_size, (2, 12))
     assert abs(float(loss("target", noisy)["ce_loss"]) - float(loss("data", noisy)["ce_loss"])) > 1e-3
+
+
+def test_kl_weight_adds_the_target_distillation_term():
+    """kl_weight w adds w * KL(target || draft) to the loss: same metrics otherwise, KL > 0 for a random
+    drafter, and training on KL alone (no labels) pulls the drafter towards the target's distribution."""
+    from carryover_jax.train.losses import baseline_loss
+    dc = _drafter_cfg("dflash", "zlab")
+    tp = init_params(TCFG, jax.random.key(0))
+    batch = _counting_batch(np.random.default_rng(3), 4, 16)
+    params = init_drafter_params(dc, jax.random.key(1))
+    loss = jax.jit(baseline_loss, static_argnums=(1,))
+    (l0, m0), (l1, m1) = (loss(params, step_config(TrainConfig(num_anchors=4, kl_weight=w), TCFG, dc), tp, batch,
+                               jax.random.key(5)) for w in (0.0, 0.5))
+    assert float(m0["kl_loss"]) > 0
+    np.testing.assert_allclose(float(m1["ce_loss"]), float(m0["ce_loss"]), rtol=1e-6)
+    np.testing.assert_allclose(float(l1), float(l0) + 0.5 * float(m0["kl_loss"]), rtol=1e-5)
+
+    cfg = TrainConfig(num_anchors=4, lr=1e-2, steps=40, ce_weight=0.0, kl_weight=1.0)
+    sc = step_config(cfg, TCFG, dc)
+    opt = make_optimizer(cfg, cfg.steps)
+    state = init_state(params, opt, 0)
+    step = jax.jit(train_step, static_argnums=(0, 1), donate_argnums=(2,))
+    kl = []
+    for _ in range(cfg.steps):
+        state, m = step(sc, opt, state, tp, batch)
+        kl.append(float(m["kl_loss"]))  # of the params before the update
+    assert kl[-1] < 0.5 * kl[0]

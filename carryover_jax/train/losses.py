@@ -2,7 +2,7 @@
 
 Baseline: (online or stored) frozen target features and final-normed hidden; N anchors per sequence
 -> blocks with the anchor mask -> drafter -> draft logits at the proposal slots (+ teacher-forced
-Markov bias) and aligned target logits -> weighted CE (+ L1).
+Markov bias) and aligned target logits -> weighted CE (+ L1, + KL to the target's distribution).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, 
 
     out = chunked_rows(terms, (h, th, labels, prev), sc.loss_chunk)
     return combine(*[x.reshape(b, n, p) for x in out], blk.eval_mask, gamma=sc.gamma,
-                   ce_weight=sc.ce_weight, l1_weight=sc.l1_weight)
+                   ce_weight=sc.ce_weight, l1_weight=sc.l1_weight, kl_weight=sc.kl_weight)
 
 
 def target_greedy_labels(sc: StepConfig, target_params, last, blk: A.Blocks) -> jax.Array:

@@ -2,7 +2,8 @@
 
 W[n, i] = eval_mask * exp(-i / gamma). CE on the draft logits (Markov-corrected when present);
 L1 = ||p_draft - p_target||_1 against the target's next-token distribution at the same prediction
-point; alpha = clamp(1 - L1/2, 0, 1) is the teacher-forced acceptance probability, which gives the
+point; KL(p_target || p_draft) against the same distribution (soft labels: with little data the
+target's whole distribution says more per row than its greedy token); alpha = clamp(1 - L1/2, 0, 1) is the teacher-forced acceptance probability, which gives the
 per-slot accept-rate estimate and the expected acceptance length tau.
 
 Split in two so the vocabulary-sized part can run in row chunks (`row_terms`, per supervised row:
@@ -25,11 +26,12 @@ def position_weights(num_proposals: int, gamma: float) -> Array:
 
 
 def row_terms(draft_logits: Array, target_logits: Array, labels: Array, draft_vocab: tuple[int, ...] = ()):
-    """[..., V] logits -> per-row (ce, l1, alpha, top1_correct).
+    """[..., V] logits -> per-row (ce, l1, alpha, top1_correct, kl).
 
     With a draft vocabulary (sorted target ids) the draft logits are [..., K]: a label outside it
     has no CE (the drafter cannot propose it) and is never correct, and L1 counts the target's mass
-    outside the vocabulary in full — so alpha stays the exact acceptance probability."""
+    outside the vocabulary in full — so alpha stays the exact acceptance probability — and KL sums over
+the vocabulary only (the drafter can do nothing about the mass outside it)."""
     z = draft_logits.astype(jnp.float32)
     logp = jax.nn.log_softmax(z, axis=-1)
     pt = jax.nn.softmax(target_logits.astype(jnp.float32), axis=-1)
@@ -44,12 +46,14 @@ def row_terms(draft_logits: Array, target_logits: Array, labels: Array, draft_vo
     else:
         ce = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
         correct = (jnp.argmax(z, -1) == labels).astype(jnp.float32)
+        pt_in = pt
         l1 = jnp.sum(jnp.abs(jnp.exp(logp) - pt), axis=-1)
-    return ce, l1, jnp.clip(1.0 - 0.5 * l1, 0.0, 1.0), correct
+    kl = jnp.sum(jax.scipy.special.xlogy(pt_in, pt_in) - pt_in * logp, axis=-1)
+    return ce, l1, jnp.clip(1.0 - 0.5 * l1, 0.0, 1.0), correct, kl
 
 
-def combine(ce: Array, l1: Array, alpha: Array, correct: Array, eval_mask: Array, *, gamma: float,
-            ce_weight: float, l1_weight: float) -> tuple[Array, dict]:
+def combine(ce: Array, l1: Array, alpha: Array, correct: Array, kl: Array, eval_mask: Array, *, gamma: float,
+            ce_weight: float, l1_weight: float, kl_weight: float = 0.0) -> tuple[Array, dict]:
     """Per-row terms shaped [..., P] -> (loss, metrics), normalised by the batch's total weight."""
     e = eval_mask.astype(jnp.float32)
     w = e * position_weights(e.shape[-1], gamma)
@@ -57,8 +61,8 @@ def combine(ce: Array, l1: Array, alpha: Array, correct: Array, eval_mask: Array
     lead = tuple(range(e.ndim - 1))
     esum = jnp.maximum(jnp.sum(e, axis=lead), 1e-6)  # per slot
     metrics = {"ce_loss": jnp.sum(w * ce) / wsum, "top1_acc@slot": jnp.sum(correct * e, axis=lead) / esum,
-               "l1_loss": jnp.sum(w * l1) / wsum}
-    loss = ce_weight * metrics["ce_loss"] + l1_weight * metrics["l1_loss"]
+               "l1_loss": jnp.sum(w * l1) / wsum, "kl_loss": jnp.sum(w * kl) / wsum}
+    loss = ce_weight * metrics["ce_loss"] + l1_weight * metrics["l1_loss"] + kl_weight * metrics["kl_loss"]
     ae = jax.lax.stop_gradient(alpha) * e
     metrics["accept_rate@slot"] = jnp.sum(ae, axis=lead) / esum
     # expected accepted length (with bonus) of each valid block, teacher forced

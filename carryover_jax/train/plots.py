@@ -25,7 +25,7 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
     steps = [r["step"] for r in recs]
     dvd = "draft1/tau" in recs[0]
     fig, axes = plt.subplots(1, 4 if dvd else 3, figsize=(20 if dvd else 15, 4))
-    for key in ("loss", "ce_loss", "l1_loss", "off/ce_loss"):
+    for key in ("loss", "ce_loss", "l1_loss", "kl_loss", "off/ce_loss"):
         if key in recs[0]:
             axes[0].plot(steps, [r[key] for r in recs], label=key)
     axes[0].set_title("loss" + (" (draft 2; off/ = carried rows withheld)" if dvd else ""))

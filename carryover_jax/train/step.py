@@ -49,6 +49,7 @@ class StepConfig:
     carry: str = "hidden"  # what DVD's draft 2 sees at the rejected positions (train/dvd.py)
     off_metrics: bool = True  # DVD: also log draft 2 with the carried rows withheld (no gradient)
     target_labels: bool = False  # train on the target's greedy tokens instead of the recorded ones
+    kl_weight: float = 0.0  # KL(target || draft) at every proposal slot, beside CE and L1
 
 
 def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: DrafterConfig) -> StepConfig:
@@ -64,7 +65,7 @@ def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: Drafter
                                                                           attention_backend=ab)),
         num_anchors=cfg.num_anchors, gamma=cfg.loss_decay_gamma, ce_weight=ce, l1_weight=l1, remat=cfg.remat,
         loss_chunk=cfg.loss_chunk_rows, mode=cfg.mode, carry=cfg.dvd_carry, off_metrics=cfg.dvd_off_metrics,
-        target_labels=cfg.labels == "target",
+        target_labels=cfg.labels == "target", kl_weight=cfg.kl_weight,
     )
 
 
