@@ -3,8 +3,9 @@
 W[n, i] = eval_mask * exp(-i / gamma). CE on the draft logits (Markov-corrected when present);
 L1 = ||p_draft - p_target||_1 against the target's next-token distribution at the same prediction
 point; KL(p_target || p_draft) against the same distribution (soft labels: with little data the
-target's whole distribution says more per row than its greedy token); alpha = clamp(1 - L1/2, 0, 1) is the teacher-forced acceptance probability, which gives the
-per-slot accept-rate estimate and the expected acceptance length tau.
+target's whole distribution says more per row than its greedy token). alpha = clamp(1 - L1/2, 0, 1)
+is the teacher-forced acceptance probability, which gives the per-slot accept-rate estimate and the
+expected acceptance length tau.
 
 Split in two so the vocabulary-sized part can run in row chunks (`row_terms`, per supervised row:
 only four scalars leave it) and the weighting/normalisation sees the whole batch (`combine`).
@@ -30,8 +31,8 @@ def row_terms(draft_logits: Array, target_logits: Array, labels: Array, draft_vo
 
     With a draft vocabulary (sorted target ids) the draft logits are [..., K]: a label outside it
     has no CE (the drafter cannot propose it) and is never correct, and L1 counts the target's mass
-    outside the vocabulary in full — so alpha stays the exact acceptance probability — and KL sums over
-the vocabulary only (the drafter can do nothing about the mass outside it)."""
+    outside the vocabulary in full — so alpha stays the exact acceptance probability — and KL sums
+    over the vocabulary only (the drafter can do nothing about the mass outside it)."""
     z = draft_logits.astype(jnp.float32)
     logp = jax.nn.log_softmax(z, axis=-1)
     pt = jax.nn.softmax(target_logits.astype(jnp.float32), axis=-1)
