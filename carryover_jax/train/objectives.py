@@ -8,7 +8,7 @@ is the teacher-forced acceptance probability, which gives the per-slot accept-ra
 expected acceptance length tau.
 
 Split in two so the vocabulary-sized part can run in row chunks (`row_terms`, per supervised row:
-only four scalars leave it) and the weighting/normalisation sees the whole batch (`combine`).
+only five scalars leave it) and the weighting/normalisation sees the whole batch (`combine`).
 """
 
 from __future__ import annotations
