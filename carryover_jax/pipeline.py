@@ -41,8 +41,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                  "max_prompt_tokens": 256, "temperatures": [0.0], "seeds": 1, "batch_sizes": [1, 2], "max_len": 512,
                  "diagnostics": True, "diagnostic_prompts": 1},
     },
-    # the reference run of docs/ (~2 h on 2 CPU cores): the config as it stands (configs/smollm2.py: 1,024
-    # conversations, 1,200 baseline + 360 continuation steps)
+    # the reference run of docs/ (~2 h on 2 CPU cores): the config as it stands (configs/smollm2.py: 2,304
+    # prompts, 2,400 baseline + 360 continuation steps)
     "full": {
         "train": {},
         "continue": {},
