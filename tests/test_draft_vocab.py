@@ -54,8 +54,7 @@ def test_row_terms_equal_the_full_vocabulary_with_the_rest_masked():
     full = np.full((6, v), -1e30, np.float32)
     full[:, vocab] = z
     ce, l1, alpha, ok, kl = map(np.asarray, row_terms(jnp.asarray(z), jnp.asarray(zt), jnp.asarray(labels), vocab))
-    ce_r, l1_r, alpha_r, ok_r, _ = map(np.asarray, row_terms(jnp.asarray(full), jnp.asarray(zt),
-                                                                   jnp.asarray(labels)))
+    ce_r, l1_r, alpha_r, ok_r, _ = map(np.asarray, row_terms(jnp.asarray(full), jnp.asarray(zt), jnp.asarray(labels)))
     np.testing.assert_allclose(ce[:4], ce_r[:4], rtol=1e-6)
     np.testing.assert_array_equal(ce[4:], 0.0)
     np.testing.assert_allclose(l1, l1_r, rtol=1e-6)

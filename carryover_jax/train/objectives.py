@@ -54,7 +54,7 @@ def row_terms(draft_logits: Array, target_logits: Array, labels: Array, draft_vo
 
 
 def combine(ce: Array, l1: Array, alpha: Array, correct: Array, kl: Array, eval_mask: Array, *, gamma: float,
-            ce_weight: float, l1_weight: float, kl_weight: float = 0.0) -> tuple[Array, dict]:
+            ce_weight: float, l1_weight: float, kl_weight: float) -> tuple[Array, dict]:
     """Per-row terms shaped [..., P] -> (loss, metrics), normalised by the batch's total weight."""
     e = eval_mask.astype(jnp.float32)
     w = e * position_weights(e.shape[-1], gamma)
