@@ -14,6 +14,8 @@ Definitions (as in the Carryover Drafting paper, Table 1):
 - speedup = AR time per output token / speculative time per output token, totals over the same prompts.
 - At T > 0 each seed is one full pass; the reported value is the mean over seeds with a two-sided
   Student-t confidence interval (half-width) over the per-seed values.
+- Paired comparisons (`paired.py`): every pair of arms on the same prompts, the mean per-prompt difference
+  and relative gain of τ and of speedup with a paired-bootstrap 95% interval, "resolved" or not.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from typing import Any, Iterable, Sequence
+
+from carryover_jax.eval.paired import paired_comparisons
 
 # two-sided 95% Student-t quantiles t_{0.975}(df), df = 1..30
 _T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788,
@@ -147,7 +151,8 @@ def summarize(log: list[dict], drafters: list[dict]) -> dict[str, Any]:
                             "speedup_pct": rel_gain(x["speedup"], y["speedup"]) if x["speedup"] and y["speedup"] else None,
                         }
                 gains.append(g)
-        out["temperatures"][_tkey(T)] = {"seeds": seeds, "datasets": per_ds, "gains": gains}
+        paired = paired_comparisons(log, labels, T, datasets)
+        out["temperatures"][_tkey(T)] = {"seeds": seeds, "datasets": per_ds, "gains": gains, "paired": paired}
     checked = _select(log, temperature=0.0)
     checked = [r for r in checked if r["mode"] != "ar"]
     bad = [f"{r['mode']}/{r['dataset']}/{r['prompt']}" for r in checked if r.get("matches_ar") is False]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from carryover_jax.eval.metrics import summarize
+from carryover_jax.eval.paired import paired_comparisons
 
 
 def _num(x, digits=2, ci=None, suffix=""):
@@ -91,6 +92,8 @@ def render_markdown(result: dict[str, Any]) -> str:
     L += _main_table(summary, drafters, "speedup", "Speedup over AR (batch 1)", 2, "x")
     L.append("")
 
+    L += render_paired(result, summary)
+
     ck = summary["check"]
     L.append("### Losslessness check (T = 0)")
     L.append("")
@@ -140,6 +143,40 @@ def render_markdown(result: dict[str, Any]) -> str:
              + (", `diagnostics.png` (ON/OFF replay, re-convergence)" if diag else "")
              + (", `curve.png` (τ and speedup vs training time)" if curve else "") + ".")
     return "\n".join(L) + "\n"
+
+
+def _ci(c: dict, key: str, digits: int, suffix: str = "") -> str:
+    lo, hi = c[f"{key}_ci"]
+    return f"{c[key]:+.{digits}f}{suffix} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+
+
+def render_paired(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """The paired comparisons of every pair of arms (recomputed from the log for a result stored
+    before they existed)."""
+    datasets = list(dict.fromkeys(r["dataset"] for r in result["log"]))
+    labels = [d["label"] for d in result["drafters"]]
+    rows = []
+    for T, tb in summary["temperatures"].items():
+        paired = tb.get("paired") or paired_comparisons(result["log"], labels, float(T), datasets)
+        for pr in paired["pairs"]:
+            for ds, cell in pr["datasets"].items():
+                t, sp = cell.get("tau"), cell.get("speedup")
+                if t is None:
+                    continue
+                rows.append(f"| {pr['label']} vs {pr['vs']} | {'**all**' if ds == 'all' else ds} | {T} | "
+                            f"{t['prompts']} x {t['seeds']} | {_ci(t, 'diff', 3)} | {_ci(t, 'gain_pct', 1, '%')} | "
+                            f"{'resolved' if t['resolved'] else 'not resolved'} | "
+                            + (f"{_ci(sp, 'gain_pct', 1, '%')} | {'resolved' if sp['resolved'] else 'not resolved'} |"
+                               if sp else "- | - |"))
+    if not rows:
+        return []
+    return ["### Paired comparisons (same prompts)", "",
+            "Every pair of arms on the same prompts (and seeds): the mean per-prompt difference of τ and the "
+            "relative gain of the per-prompt mean, of τ and of speedup over AR, each with a 95% paired-bootstrap "
+            "interval (prompts resampled with replacement, and seeds at T > 0). **resolved**: the interval "
+            "excludes 0. Per-prompt values: `results.json`, `summary.temperatures.T.paired.values`.", "",
+            "| arms | dataset | T | prompts x seeds | Δτ [95%] | τ gain [95%] | τ | speedup gain [95%] | speedup |",
+            "|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def render_diagnostics(diag: dict[str, Any]) -> list[str]:
