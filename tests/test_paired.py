@@ -26,7 +26,7 @@ def test_bootstrap_covers_a_known_difference_about_95_percent():
         return base + delta + rng.normal(0, 0.05, 40), base + rng.normal(0, 0.05, 40)
 
     cov = _coverage(300, make, delta)
-    assert 0.90 <= cov <= 0.985, cov  # percentile bootstrap at n = 40: ~0.94
+    assert 0.91 <= cov <= 0.985, cov  # 0.92 here (the plain percentile interval: 0.90)
 
 
 def test_bootstrap_over_seeds_and_prompts_covers_a_known_difference():
@@ -37,7 +37,7 @@ def test_bootstrap_over_seeds_and_prompts_covers_a_known_difference():
         return (base + delta + rng.normal(0, 0.08, (3, 30)), base + rng.normal(0, 0.08, (3, 30)))
 
     cov = _coverage(200, make, delta)
-    assert 0.88 <= cov <= 0.99, cov
+    assert 0.91 <= cov <= 0.985, cov  # 0.95 here
 
 
 def test_zero_difference_is_not_resolved_and_a_clear_one_is():

@@ -11,6 +11,9 @@ with per-prompt values x[s, i] (seed s, prompt i; one seed at T = 0):
   seeds, so the seed-to-seed variation is inside every resampled unit; resampling the seeds again
   within each prompt would count that variation twice (tried on the 3-seed case of tests/test_paired.py: 200 of 200
   intervals covered, not ~95%). With a single prompt the seeds are the resampled unit;
+- the percentiles are the "expanded" ones (Hesterberg 2015): α/2 = Φ(−√(n/(n−1)) · t_{0.975}(n−1)) instead
+  of 2.5%, which corrects most of the plain percentile interval's narrowness at a few dozen prompts (the synthetic
+  case of tests/test_paired.py, 40 prompts, 300 trials: coverage 0.90 without it, 0.92 with it);
 - "resolved" iff the interval of the difference excludes 0.
 
 Per-prompt τ is that prompt's Σ(a + 1) / rounds; per-prompt speedup is the AR time per token of the
@@ -19,12 +22,12 @@ prompt (same seed) over the arm's. The bootstrap is seeded, so a result is repro
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
 
 REPLICATES = 4000
-LEVEL = 0.95
 
 
 def per_prompt_values(log: list[dict], label: str, T: float, prompts: Sequence[tuple[str, str]],
@@ -49,9 +52,17 @@ def per_prompt_values(log: list[dict], label: str, T: float, prompts: Sequence[t
     return {"tau": taus, "speedup": speeds}
 
 
-def paired_bootstrap(a, b, *, replicates: int = REPLICATES, level: float = LEVEL, seed: int = 0) -> dict[str, Any]:
+def expanded_tail(n: int) -> float:
+    """The lower percentile (in %) of the expanded 95% percentile interval for n resampled units."""
+    from carryover_jax.eval.metrics import t_quantile_975  # metrics imports this module
+
+    z = math.sqrt(n / (n - 1)) * t_quantile_975(n - 1)
+    return 100.0 * 0.5 * (1.0 + math.erf(-z / math.sqrt(2.0)))
+
+
+def paired_bootstrap(a, b, *, replicates: int = REPLICATES, seed: int = 0) -> dict[str, Any]:
     """Paired comparison of per-prompt values a, b ([prompts] or [seeds, prompts], same shape, no
-    missing values): mean difference, relative gain (%), their bootstrap intervals, and `resolved`."""
+    missing values): mean difference, relative gain (%), their 95% bootstrap intervals, `resolved`."""
     a, b = np.atleast_2d(np.asarray(a, np.float64)), np.atleast_2d(np.asarray(b, np.float64))
     if a.shape != b.shape or a.size == 0:
         raise ValueError(f"paired values need the same non-empty shape, got {a.shape} and {b.shape}")
@@ -61,7 +72,8 @@ def paired_bootstrap(a, b, *, replicates: int = REPLICATES, level: float = LEVEL
     idx = rng.integers(0, len(ua), size=(replicates, len(ua)))
     ma, mb = ua[idx].mean(axis=1), ub[idx].mean(axis=1)
     diff, gain = ma - mb, 100.0 * (ma / mb - 1.0)
-    q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
+    lo = expanded_tail(len(ua)) if len(ua) > 1 else 2.5
+    q = [lo, 100.0 - lo]
     d_lo, d_hi = np.percentile(diff, q)
     g_lo, g_hi = np.percentile(gain, q)
     mean_b = float(b.mean())
