@@ -31,36 +31,28 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from carryover_jax.config import next_bucket
+from carryover_jax.config import TrainConfig, next_bucket
 from carryover_jax.decode import drafting as D
 from carryover_jax.decode import speculative as sp
 from carryover_jax.decode.generate import MAX_STOP_IDS, generate, pad_batch, plan_lengths
 from carryover_jax.errors import CarryoverError
 from carryover_jax.models.drafter import Drafter, frozen_from_target, to_target_ids
-from carryover_jax.train import anchors as A
 from carryover_jax.train import dvd
 from carryover_jax.train.losses import batch_features, proposal_hidden
-from carryover_jax.train.step import StepConfig
+from carryover_jax.train.step import step_config
 
 TOP_K = 16
 
 
-def _carried_is_fused(sp, cfg, carried) -> bool:
-    """Whether the engine keeps carried rows already fused (d wide) or as raw taps (m·d wide)."""
-    if carried.shape[-1] != cfg.feature_dim:
-        return True
-    return cfg.feature_dim == cfg.hidden_size and hasattr(sp, "draft_parts")
-
-
-@functools.partial(jax.jit, static_argnames=("sc", "k", "fused"))
-def replay_hits(sc, target_params, draft_params, s, targets, *, k: int = TOP_K, fused: bool = False):
+@functools.partial(jax.jit, static_argnames=("sc", "k"))
+def replay_hits(sc, target_params, draft_params, s, targets, *, k: int = TOP_K):
     """Per row and slot: (R@1 ON, R@k ON, R@1 OFF, R@k OFF, valid), all [B, P] bool."""
     cfg = sc.drafter
     frozen = frozen_from_target(target_params, sc.target)
-    kw = {"carried_fused": True} if fused else {}
 
     def logits(count):
-        lg = D.draft_block_logits(cfg, draft_params, frozen, s.draft_cache, s.anchor, s.carried, count, **kw)
+        lg = D.draft_block_logits(cfg, draft_params, frozen, s.draft_cache, s.anchor, s.carried, count,
+                                 carried_fused=True)  # the engine keeps carried rows fused
         return D.teacher_forced_logits(cfg, draft_params, lg, s.anchor, jnp.maximum(targets, 0))
 
     tf = jnp.maximum(targets, 0)
@@ -95,17 +87,14 @@ def _decode_with_log(target, entry, drafter, ids: list[list[int]], ref: list[lis
         ref_arr[i, : len(r)] = r
     counts = {key: np.zeros(P, np.int64) for key in ("on1", "onk", "off1", "offk", "valid")}
     rounds_log = []  # per host iteration: (num_out before [B], active [B], proposals [B, P])
-    fused = None
     while True:
         done, cur = jax.device_get((s.done, s.num_out))
         if done.all():
             break
         if replay:
-            if fused is None:
-                fused = _carried_is_fused(sp, dcfg, s.carried)
             idx = cur[:, None] + np.arange(P)[None, :]
             targets = jnp.asarray(np.take_along_axis(ref_arr, idx, axis=1), jnp.int32)
-            h = jax.device_get(replay_hits(sc, tp, dp, s, targets, k=min(TOP_K, target.cfg.vocab_size), fused=fused))
+            h = jax.device_get(replay_hits(sc, tp, dp, s, targets, k=min(TOP_K, target.cfg.vocab_size)))
             valid = h[4]
             for key, arr in zip(("on1", "onk", "off1", "offk"), h[:4]):
                 counts[key] += (arr & valid).sum(0)
@@ -190,34 +179,31 @@ def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, m
     return out
 
 
-# ---- training-style replay on recorded sequences (reuses DVD training's draft 1 / verify / carry) ------
+# ---- training-style replay on recorded sequences (DVD training's own rollout) -----------------------
 def replay_step_config(target_cfg, drafter_cfg, num_anchors: int):
-    return StepConfig(target=target_cfg, drafter=drafter_cfg, num_anchors=num_anchors, gamma=7.0, ce_weight=1.0,
-                      l1_weight=0.0, mode="dvd", carry="hidden", off_metrics=True)
+    """The DVD step's static settings for the target and drafter as loaded (their numerics kept)."""
+    run = TrainConfig(mode="dvd", num_anchors=num_anchors, compute_dtype=target_cfg.dtype,
+                      attention_backend=target_cfg.attention_backend)
+    return step_config(run, target_cfg, drafter_cfg)
 
 
 @functools.partial(jax.jit, static_argnames=("sc", "k"))
 def recorded_replay_hits(sc, params, target_params, ids, loss_mask, rng, *, k: int = TOP_K):
     """ON/OFF replay at DVD's anchors on recorded sequences [B, S] (the target's own greedy outputs):
-    draft 1 (greedy, no carried rows) at N sampled anchors, verify, then draft 2 at s_n + a_n + 1 with
-    the rejected positions' target features supplied (ON) vs withheld (OFF) — `train/dvd.py`'s functions,
-    the same `rng` use as `dvd_loss`. Returns per-slot sums [P]: R@1 ON/OFF, R@k ON/OFF, and counts,
-    each over (a) anchors with carried rows (a_n < P) and (b) all kept anchors (what `dvd_loss` logs as
-    top1_acc@slot / off/top1_acc@slot)."""
+    `train/dvd.py::rollout` — the rollout DVD training runs, with the same `rng` use as `dvd_loss` — then
+    draft 2 at s_n + a_n + 1 with the rejected positions' target features supplied (ON) vs withheld (OFF).
+    Returns per-slot sums [P]: R@1 ON/OFF, R@k ON/OFF, and counts, each over (a) anchors with carried rows
+    (a_n < P) and (b) all kept anchors (what `dvd_loss` logs as top1_acc@slot / off/top1_acc@slot)."""
 
     dc = sc.drafter
     b = ids.shape[0]
     t, p = dc.block_size, dc.num_proposals
-    feats, _ = batch_features(sc, target_params, {"input_ids": ids, "loss_mask": loss_mask})
+    batch = {"input_ids": ids, "loss_mask": loss_mask}
+    feats, last = batch_features(sc, target_params, batch)
     frozen = frozen_from_target(target_params, sc.target)
-    anchors, keep, nvalid = A.sample_anchors(rng, loss_mask, sc.num_anchors)
-    n = anchors.shape[1]
-    blk1 = A.build_blocks(dc, ids, loss_mask, anchors, keep, nvalid)
-    proposals = dvd.draft_proposals(sc, params, frozen, feats, blk1)
-    accepted = dvd.accept_counts(proposals, blk1)
-    anchors2, keep2 = dvd.shifted_anchors(loss_mask, anchors, keep, accepted)
-    blk2 = A.build_blocks(dc, ids, loss_mask, anchors2, keep2, nvalid)
-    rows, pos, valid = dvd.carried_rows(sc, target_params, ids, anchors, keep, proposals, accepted, anchors2, keep2)
+    r = dvd.rollout(sc, params, target_params, frozen, batch, feats, last, rng, carried=True)
+    blk2 = r.blk2
+    n = blk2.anchors.shape[1]
 
     def logits(carried):
         h = proposal_hidden(params, dc, frozen, feats, blk2, carried).reshape(b, n * p, -1)
@@ -231,10 +217,10 @@ def recorded_replay_hits(sc, params, target_params, ids, loss_mask, rng, *, k: i
         top = to_target_ids(dc, jax.lax.top_k(z, k)[1])
         return top[..., 0] == blk2.labels, jnp.any(top == blk2.labels[..., None], axis=-1)
 
-    on1, onk = hits(logits((rows, pos, valid)))
+    on1, onk = hits(logits(r.carried))
     off1, offk = hits(logits(None))
-    every = blk2.eval_mask & keep2[..., None]
-    carried = every & (accepted < p)[..., None]
+    every = blk2.eval_mask & r.keep2[..., None]
+    carried = every & (r.accepted < p)[..., None]
     out = {}
     for name, m in (("carried", carried), ("all", every)):
         for key, x in (("on1", on1), ("onk", onk), ("off1", off1), ("offk", offk)):

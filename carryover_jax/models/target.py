@@ -26,7 +26,7 @@ from carryover_jax.config import TargetConfig
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.cache import KVCache, chunk_limit, chunk_mask, write_chunk
 from carryover_jax.models.layers import (
-    MLP, Attention, LiveMask, Prefix, RMSNorm, dtype_of, rope_inv_freq, tied_logits,
+    MLP, Attention, Blockwise, LiveMask, Prefix, RMSNorm, dtype_of, rope_inv_freq, tied_logits,
 )
 
 Array = jax.Array
@@ -135,19 +135,26 @@ class DecoderStack(nn.Module):
     cfg: TargetConfig
 
     @nn.compact
-    def __call__(self, h, positions, mask, cache: KVCache | None, tap_layers: tuple[int, ...]):
-        """`mask`: one mask for every layer, or {layer type: mask} (`TargetLM.masks`)."""
+    def __call__(self, h, positions, mask, cache: KVCache | None, tap_layers: tuple[int, ...], context=None):
+        """`mask`: one mask for every layer, or {layer type: mask} (`TargetLM.masks`). `context` =
+        (ks, vs, mask): per-layer K/V the chunk also attends to (no cache then; `mask` is the chunk's
+        mask over itself), e.g. DVD's recorded prefix."""
         taps = {}
         if -1 in tap_layers:
             taps[-1] = h
         new_k, new_v = [], []
+        pick = lambda m, i: m[layer_type(self.cfg, i)] if isinstance(m, dict) else m  # noqa: E731
         for i in range(self.cfg.num_layers):
-            bufs = None if cache is None else (cache.k[i], cache.v[i])
-            write = None if cache is None else cache.lengths
-            m = mask[layer_type(self.cfg, i)] if isinstance(mask, dict) else mask
-            h, (k, v) = DecoderLayer(self.cfg, i, name=str(i))(h, positions, m, bufs, write)
-            new_k.append(k)
-            new_v.append(v)
+            layer = DecoderLayer(self.cfg, i, name=str(i))
+            if context is not None:
+                ks, vs, cmask = context
+                h = layer.with_context(h, positions, [(ks[i], vs[i], pick(cmask, i))], pick(mask, i))
+            else:
+                bufs = None if cache is None else (cache.k[i], cache.v[i])
+                write = None if cache is None else cache.lengths
+                h, (k, v) = layer(h, positions, pick(mask, i), bufs, write)
+                new_k.append(k)
+                new_v.append(v)
             if i in tap_layers:
                 taps[i] = h
         return h, tuple(new_k), tuple(new_v), tuple(taps[i] for i in tap_layers)
@@ -165,10 +172,11 @@ class TargetLM(nn.Module):
         )
         self.layers = DecoderStack(c)
         self.norm = RMSNorm(c.rms_norm_eps, dt, pdt, kind=c.norm_kind)
-        if not c.tie_word_embeddings:
+        if not c.tie_word_embeddings:  # float32 accumulation and output in any compute dtype
             self.lm_head = nn.Dense(
                 c.vocab_size, use_bias=False, dtype=dt, param_dtype=pdt,
                 kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("embed", "vocab")),
+                dot_general=functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32),
             )
 
     def embed(self, tokens: Array) -> Array:
@@ -194,14 +202,33 @@ class TargetLM(nn.Module):
         h, ks, vs, taps = self.layers(self.embed(tokens), positions, attn_mask, None, tuple(tap_layers))
         return (taps, self.norm(h), ks, vs) if with_kv else (taps, self.norm(h))
 
+    def with_context(self, tokens: Array, positions: Array, context_kv, context_mask, block_mask,
+                     tap_layers: tuple[int, ...]):
+        """Cache-free forward of `tokens` [B, T] at `positions` that attends to per-layer context K/V
+        (`context_kv` = (ks, vs), e.g. `features(..., with_kv=True)` of a recorded sequence; keys are
+        its slots) under `context_mask` and to itself under `block_mask` (e.g. `Blockwise(N, causal=True)`
+        for N verify blocks at once). Sliding layers get both masks cut to their window. Returns
+        (taps, final-normed hidden [B, T, d])."""
+        if self.cfg.sliding_window is not None and isinstance(block_mask, Blockwise):
+            size = tokens.shape[1] // block_mask.num_blocks
+            if size > self.cfg.sliding_window:  # a block's own keys are not window-masked
+                raise ConfigError(f"blocks of {size} tokens exceed the target's sliding window "
+                                  f"{self.cfg.sliding_window}")
+        ks, vs = context_kv
+        cmask = self.masks(context_mask, positions)
+        h, _, _, taps = self.layers(self.embed(tokens), positions, block_mask, None, tuple(tap_layers),
+                                    context=(ks, vs, cmask))
+        return taps, self.norm(h)
+
     def head(self, h: Array) -> Array:
-        """LM head on already final-normed hidden states (float32 logits; Gemma: soft-capped). Tied: a
-        plain contraction with the [V, d] embedding (`Embed.attend` compiles to a transpose fused
-        into the dot, slower)."""
+        """LM head on already final-normed hidden states: float32 logits accumulated in float32 in any
+        compute dtype (Gemma: soft-capped), so AR's 1 row and verification's P+1 rows agree. Tied: a
+        contraction with the [V, d] embedding (`Embed.attend` compiles to a transpose fused into the
+        dot, slower) in the numerics' `lm_head` form."""
         if not self.cfg.tie_word_embeddings:
             logits = self.lm_head(h).astype(jnp.float32)
         else:
-            logits = tied_logits(h, self.embed_tokens.embedding)
+            logits = tied_logits(h, self.embed_tokens.embedding, self.cfg.numerics.lm_head)
         cap = self.cfg.final_logit_softcapping
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
@@ -273,5 +300,5 @@ def new_cache(cfg: TargetConfig, batch: int, max_len: int) -> KVCache:
     return KVCache.zeros(
         num_layers=cfg.num_layers, batch=batch, max_len=max_len,
         num_kv_heads=tuple(cfg.layer_kv_heads(i) for i in range(cfg.num_layers)),
-        head_dim=tuple(cfg.layer_head_dim(i) for i in range(cfg.num_layers)), dtype=dtype_of(cfg.dtype),
+        head_dim=tuple(cfg.layer_head_dim(i) for i in range(cfg.num_layers)), dtype=cfg.numerics.cache,
     )

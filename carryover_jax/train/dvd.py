@@ -21,7 +21,7 @@ both embedded through the frozen target embedding.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +29,7 @@ import jax.numpy as jnp
 from carryover_jax.decode.drafting import sequential_proposals
 from carryover_jax.models.drafter import Drafter, frozen_from_target
 from carryover_jax.models.layers import Blockwise, Prefix
-from carryover_jax.errors import ConfigError
-from carryover_jax.models.target import DecoderLayer, TargetLM, layer_type, window_masks
+from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
 from carryover_jax.train.losses import (anchor_metrics, batch_features, block_loss, chunked_rows, proposal_hidden,
                                        target_greedy_labels)
@@ -66,40 +65,36 @@ def accept_counts(proposals: Array, blk: A.Blocks) -> Array:
     return jnp.sum(jnp.cumprod(hit.astype(jnp.int32), axis=-1), axis=-1).astype(jnp.int32)
 
 
+def recorded_kv(sc: StepConfig, target_params, ids: Array):
+    """Every target layer's (k, v) over the recorded sequences: the prefix verification attends to."""
+    _, _, ks, vs = TargetLM(sc.target).apply({"params": target_params}, ids, sc.drafter.target_layer_ids,
+                                             method=TargetLM.features, with_kv=True)
+    return ks, vs
+
+
 def verify_blocks(sc: StepConfig, target_params, ids: Array, anchors: Array, keep: Array, proposals: Array,
-                  *, with_hidden: bool = False):
+                  *, with_hidden: bool = False, kv=None):
     """The frozen target over all N blocks [x_{s_n}, d_1..d_P] at positions s_n..s_n+P, each block
-    causal in itself and seeing the recorded sequence before its anchor. Returns the concatenated
-    taps [B, N, P+1, m·d] (and the final-normed hidden [B, N, P+1, d] with `with_hidden`)."""
-    tc, layer_ids = sc.target, sc.drafter.target_layer_ids
-    b, s = ids.shape
+    causal in itself and seeing the recorded sequence before its anchor (`kv`: its per-layer K/V, computed
+    here when not given). Returns the concatenated taps [B, N, P+1, m·d] (and the final-normed hidden
+    [B, N, P+1, d] with `with_hidden`)."""
+    b = ids.shape[0]
     n, p = proposals.shape[1:]
     tv = p + 1
-    tm = TargetLM(tc)
-    _, _, ks, vs = tm.apply({"params": target_params}, ids, layer_ids, method=TargetLM.features, with_kv=True)
+    kv = recorded_kv(sc, target_params, ids) if kv is None else kv
     first = jnp.take_along_axis(ids, anchors, axis=1)
     tokens = jnp.concatenate([first[..., None], proposals], axis=-1).reshape(b, n * tv)
     positions = (anchors[..., None] + jnp.arange(tv)).reshape(b, n * tv)
     # block n sees the recorded sequence before its anchor: a per-query key limit (never a [N*(P+1), S]
     # mask in the fused attention backends)
-    prefix_mask = Prefix(jnp.repeat(jnp.where(keep, anchors, 0), tv, axis=1).astype(jnp.int32))
-    if tc.sliding_window is not None and tv > tc.sliding_window:
-        raise ConfigError(f"DVD verification blocks of {tv} tokens exceed the target's sliding window "
-                          f"{tc.sliding_window}")
-    prefix_mask = window_masks(tc, prefix_mask, positions)  # Gemma: {layer type: mask}, the window cut in
-    h = tm.apply({"params": target_params}, tokens, method=TargetLM.embed)
-    taps = {-1: h}
-    for i in range(tc.num_layers):
-        pm = prefix_mask[layer_type(tc, i)] if isinstance(prefix_mask, dict) else prefix_mask
-        h = DecoderLayer(tc, i).apply({"params": target_params["layers"][str(i)]}, h, positions,
-                                      [(ks[i], vs[i], pm)], Blockwise(n, causal=True),
-                                      method=DecoderLayer.with_context)
-        taps[i] = h
-    feats = jnp.concatenate([taps[l] for l in layer_ids], axis=-1).reshape(b, n, tv, -1)
+    prefix = Prefix(jnp.repeat(jnp.where(keep, anchors, 0), tv, axis=1).astype(jnp.int32))
+    taps, last = TargetLM(sc.target).apply({"params": target_params}, tokens, positions, kv, prefix,
+                                           Blockwise(n, causal=True), sc.drafter.target_layer_ids,
+                                           method=TargetLM.with_context)
+    feats = jax.lax.stop_gradient(jnp.concatenate(taps, axis=-1).reshape(b, n, tv, -1))
     if not with_hidden:
-        return jax.lax.stop_gradient(feats)
-    last = tm.apply({"params": target_params}, h, method=lambda m, x: m.norm(x)).reshape(b, n, tv, -1)
-    return jax.lax.stop_gradient(feats), jax.lax.stop_gradient(last)
+        return feats
+    return feats, jax.lax.stop_gradient(last.reshape(b, n, tv, -1))
 
 
 def shifted_anchors(lm: Array, anchors: Array, keep: Array, accepted: Array) -> tuple[Array, Array]:
@@ -110,9 +105,11 @@ def shifted_anchors(lm: Array, anchors: Array, keep: Array, accepted: Array) -> 
     return jnp.where(ok, shifted, 0).astype(jnp.int32), ok
 
 
-def carried_rows(sc: StepConfig, target_params, ids, anchors, keep, proposals, accepted, anchors2, keep2):
+def carried_rows(sc: StepConfig, target_params, ids, anchors, keep, proposals, accepted, anchors2, keep2, *,
+                 kv=None):
     """Draft 2's carried rows: rows [B, N*P, ...], positions [B, N*P], valid [B, N*P]. Row j of block n
-    is the verify state at index a_n + 1 + j (position s'_n + j), valid iff j < P - a_n."""
+    is the verify state at index a_n + 1 + j (position s'_n + j), valid iff j < P - a_n. `kv`: the
+    recorded sequences' per-layer K/V when already computed."""
     b, n, p = proposals.shape
     j = jnp.arange(p)
     idx = jnp.minimum(accepted[..., None] + 1 + j, p)  # verify index [B, N, P]
@@ -121,24 +118,37 @@ def carried_rows(sc: StepConfig, target_params, ids, anchors, keep, proposals, a
     if sc.carry == "draft_tokens":  # verify index i >= 1 holds d_i = proposals[i - 1]
         rows = jnp.take_along_axis(proposals, jnp.maximum(idx - 1, 0), axis=-1)
     elif sc.carry == "target_tokens":  # the target's greedy token from each rejected state
-        _, last = verify_blocks(sc, target_params, ids, anchors, keep, proposals, with_hidden=True)
+        _, last = verify_blocks(sc, target_params, ids, anchors, keep, proposals, with_hidden=True, kv=kv)
         hid = jnp.take_along_axis(last, idx[..., None], axis=2)
         rows = jnp.argmax(TargetLM(sc.target).apply({"params": target_params}, hid, method=TargetLM.head), -1)
         rows = rows.astype(jnp.int32)
     else:
-        feats = verify_blocks(sc, target_params, ids, anchors, keep, proposals)
+        feats = verify_blocks(sc, target_params, ids, anchors, keep, proposals, kv=kv)
         rows = jnp.take_along_axis(feats, idx[..., None], axis=2)
     flat = lambda x: x.reshape(b, n * p, *x.shape[3:])  # noqa: E731
     return flat(rows), flat(positions).astype(jnp.int32), flat(valid)
 
 
-def dvd_loss(params, sc: StepConfig, target_params, batch, rng):
-    target_params = jax.lax.stop_gradient(target_params)  # frozen: embedding and head included
+class Rollout(NamedTuple):
+    """One draft–verify–draft rollout at N sampled anchors per sequence (see the module docstring)."""
+
+    blk1: A.Blocks  # draft 1's blocks at the sampled anchors
+    accepted: Array  # a_n [B, N]
+    blk2: A.Blocks  # draft 2's blocks at the shifted anchors s_n + a_n + 1
+    keep2: Array  # [B, N] whether the shifted anchor is itself a valid anchor
+    carried: tuple | None  # draft 2's carried rows (rows, positions, valid), None without them
+    keep: Array  # [B, N] kept sampled anchors
+    nvalid: Array  # [B] valid anchor candidates per sequence
+
+
+def rollout(sc: StepConfig, params, target_params, frozen, batch, feats, last, rng, *, carried: bool,
+            kv=None) -> Rollout:
+    """Draft 1 -> verify -> shifted anchors and (with `carried`) the rejected rows, all anchors at once.
+    The one rollout that DVD training (`dvd_loss`) and the decoding diagnostics' replay on recorded
+    sequences (`eval/diagnostics.py`) both run. `kv`: the recorded sequences' K/V if already computed."""
     ids, lm = batch["input_ids"], batch["loss_mask"]
-    dc, n = sc.drafter, sc.num_anchors
-    feats, last = batch_features(sc, target_params, batch)
-    frozen = frozen_from_target(target_params, sc.target)
-    anchors, keep, nvalid = A.sample_anchors(rng, lm, n)
+    dc = sc.drafter
+    anchors, keep, nvalid = A.sample_anchors(rng, lm, sc.num_anchors)
     blk1 = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
     if sc.target_labels:  # draft 1 is accepted as in decoding: against the target's greedy tokens
         blk1 = blk1.replace(labels=target_greedy_labels(sc, target_params, last, blk1))
@@ -146,15 +156,31 @@ def dvd_loss(params, sc: StepConfig, target_params, batch, rng):
     accepted = accept_counts(proposals, blk1)
     anchors2, keep2 = shifted_anchors(lm, anchors, keep, accepted)
     blk2 = A.build_blocks(dc, ids, lm, anchors2, keep2, nvalid)
-    carried = None
-    if sc.mode == "dvd":
-        carried = carried_rows(sc, target_params, ids, anchors, keep, proposals, accepted, anchors2, keep2)
-    loss, metrics = block_loss(params, sc, target_params, frozen, ids, feats, last, blk2, carried)
+    rows = None
+    if carried:
+        rows = carried_rows(sc, target_params, ids, anchors, keep, proposals, accepted, anchors2, keep2, kv=kv)
+    return Rollout(blk1, accepted, blk2, keep2, rows, keep, nvalid)
+
+
+def dvd_loss(params, sc: StepConfig, target_params, batch, rng):
+    target_params = jax.lax.stop_gradient(target_params)  # frozen: embedding and head included
+    ids = batch["input_ids"]
+    dc, n = sc.drafter, sc.num_anchors
+    kv = None
+    if sc.mode == "dvd" and "features" not in batch:  # one target pass gives the features and the K/V
+        taps, last, *kv = TargetLM(sc.target).apply({"params": target_params}, ids, dc.target_layer_ids,
+                                                    method=TargetLM.features, with_kv=True)
+        feats, last = jax.lax.stop_gradient(jnp.concatenate(taps, -1)), jax.lax.stop_gradient(last)
+    else:
+        feats, last = batch_features(sc, target_params, batch)
+    frozen = frozen_from_target(target_params, sc.target)
+    r = rollout(sc, params, target_params, frozen, batch, feats, last, rng, carried=sc.mode == "dvd", kv=kv)
+    loss, metrics = block_loss(params, sc, target_params, frozen, ids, feats, last, r.blk2, r.carried)
     if sc.mode == "dvd" and sc.off_metrics:  # the same draft 2 with the carried rows withheld
-        _, off = block_loss(jax.lax.stop_gradient(params), sc, target_params, frozen, ids, feats, last, blk2)
+        _, off = block_loss(jax.lax.stop_gradient(params), sc, target_params, frozen, ids, feats, last, r.blk2)
         metrics.update({f"off/{k}": v for k, v in off.items() if k in ("ce_loss", "tau_estimate", "top1_acc@slot")})
-    metrics.update(anchor_metrics(keep, nvalid, n))
-    metrics.update(draft1_metrics(accepted, keep, keep2, dc.num_proposals))
+    metrics.update(anchor_metrics(r.keep, r.nvalid, n))
+    metrics.update(draft1_metrics(r.accepted, r.keep, r.keep2, dc.num_proposals))
     return loss, metrics
 
 
