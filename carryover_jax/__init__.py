@@ -1,18 +1,38 @@
-"""carryover-jax: speculative-decoding drafters with Carryover Drafting, in JAX/Flax."""
+"""carryover-jax: speculative-decoding drafters with Carryover Drafting, in JAX/Flax.
 
-from carryover_jax.config import PRESETS, TargetConfig, preset
-from carryover_jax.config import DrafterConfig
-from carryover_jax.decode.generate import Generation, generate, speculative_generate
-from carryover_jax.errors import (
-    CarryoverError, CheckpointError, ConfigError, DataError, RequestError, TrainingError,
-)
-from carryover_jax.loading import DraftModel, Target, init_drafter, load_drafter, load_target
-from carryover_jax.models.cache import KVCache
-from carryover_jax.models.target import TargetLM
+The public names below are imported on first use (module `__getattr__`), so that the PyTorch side
+(`carryover_jax.export`: the exported drafters' decoding loop) and the error classes load without JAX."""
 
-__all__ = [
-    "PRESETS", "TargetConfig", "preset", "Generation", "generate", "CarryoverError", "CheckpointError",
-    "ConfigError", "Target", "load_target", "KVCache", "TargetLM", "DrafterConfig", "speculative_generate",
-    "DraftModel", "init_drafter", "load_drafter", "DataError", "RequestError", "TrainingError",
-]
+from __future__ import annotations
+
+import importlib
+
+_PUBLIC = {  # name -> module that defines it
+    "PRESETS": "config", "TargetConfig": "config", "preset": "config", "DrafterConfig": "config",
+    "Generation": "decode.generate", "generate": "decode.generate", "speculative_generate": "decode.generate",
+    "CarryoverError": "errors", "CheckpointError": "errors", "ConfigError": "errors", "DataError": "errors",
+    "RequestError": "errors", "TrainingError": "errors",
+    "DraftModel": "loading", "Target": "loading", "init_drafter": "loading", "load_drafter": "loading",
+    "load_target": "loading",
+    "KVCache": "models.cache", "TargetLM": "models.target",
+}
+
+__all__ = list(_PUBLIC)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    try:  # `carryover_jax.decode` etc. without an explicit import, as before
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))
