@@ -264,8 +264,7 @@ def test_replay_matches_the_engines_own_drafts(tiny_llama, tmp_path):
     for _ in range(4):
         toks_on, q, s_next = sp.draft_step(sc_on, tp, dp, s)
         toks_off, _, _ = sp.draft_step(sc_off, tp, dp, s)
-        fused = Dg._carried_is_fused(sp, d.cfg, s.carried)
-        on1, onk, off1, offk, valid = map(np.asarray, Dg.replay_hits(sc_on, tp, dp, s, toks_on, fused=fused))
+        on1, onk, off1, offk, valid = map(np.asarray, Dg.replay_hits(sc_on, tp, dp, s, toks_on))
         rows = np.asarray(s.rejected_count) > 0
         assert (valid.any(1) == rows).all()
         assert on1[valid].all() and onk[valid].all()
