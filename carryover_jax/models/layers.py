@@ -138,10 +138,12 @@ class LiveMask:
     """Mask of a cache segment: query t of row b sees slots s < limit[b, t] (slot = position) and,
     with `lower` (sliding-window layers), s >= lower[b, t].
 
-    Attention over such a segment reads the buffer in fixed chunks of `chunk` slots up to the
-    longest live row only (a `fori_loop` with a traced trip count), so a step costs what the used
-    part of the cache costs, not what `max_len` costs; shapes (and the compiled step) stay fixed.
-    Decoding only: a loop with a traced trip count is not reverse-differentiable."""
+    Attention over such a segment reads only the used part of the cache, so a step costs what that
+    part costs, not what `max_len` costs; shapes (and the compiled step) stay fixed. How depends on
+    the backend and the lowering platform (`attention_core`): on CPU (einsum) fixed chunks of `chunk`
+    slots up to the longest live row (a `fori_loop` with a traced trip count); on GPU (pallas) the
+    fused kernel's key tiles up to each row's own length. Decoding only: the CPU loop is not
+    reverse-differentiable."""
 
     limit: Array  # [B, T] int
     chunk: int = flax.struct.field(pytree_node=False, default=LIVE_CHUNK)
@@ -166,24 +168,39 @@ class Prefix:
         return m if self.lower is None else m & (slots >= self.lower[:, :, None])
 
 
-# "einsum": the reference (every mask, CPU default). "xla" / "cudnn": an attention of one dense or
-# `Prefix` segment (the target's cache-free forward: training features) in one
-# jax.nn.dot_product_attention call (implementation "xla", or "cudnn" for bf16/fp16 on GPU, else
-# "xla"); several segments are merged here, and dot_product_attention's lse output has no gradient,
-# so then "xla" is einsum and "cudnn" is "pallas" (below). "pallas": `Prefix` segments
-# through the fused kernel (`kernels.prefix_attention`, Pallas interpret mode off GPU), the rest
-# einsum; `LiveMask` segments (decode's cache reads) through the same kernel, forward only, the query
-# heads of a K/V head folded into its query axis (flash decoding), each batch row reading its own
-# live length. (The shipped `gpu/decode_attention` takes one query per row, seq-major K/V and one
-# length per row; `tpu/ragged_paged_attention` a paged cache: neither fits the head-major slot =
-# position cache with T queries per row.) `Blockwise` segments (block-diagonal, [T, S/N] scores:
-# small) are einsum in every backend. "auto": pallas on GPU,
-# einsum elsewhere (TPU: the kernel is Triton-style and untested on Mosaic).
+# Attention backends (ATTENTION_BACKENDS). What each one runs depends on the platform the program is
+# LOWERED for (`jax.lax.platform_dependent`), never on the process's default backend, so a CUDA
+# program built on a CPU host (`lower(lowering_platforms=("cuda",))`) is the one a GPU would run.
+# - "einsum": the reference (every mask). `LiveMask` cache segments: on CPU a loop over 256-slot
+#   chunks up to the longest live row (a traced trip count: CPU decode cost follows the live length);
+#   on accelerators one masked read of the whole buffer (a data-dependent loop there costs a
+#   device-to-host handshake per iteration).
+# - "xla" / "cudnn": an attention of one dense or `Prefix` segment (the target's cache-free forward:
+#   training features) in one jax.nn.dot_product_attention call (implementation "xla", or "cudnn" for
+#   bf16/fp16 when this process runs on a GPU: jax's cuDNN path needs cuDNN present at trace time);
+#   several segments are merged here, and dot_product_attention's lse output has no gradient, so then
+#   "xla" is einsum and "cudnn" is "pallas" (below).
+# - "pallas": `Prefix` segments through the fused kernel (`kernels.prefix_attention`: Triton where
+#   lowered for cuda, the interpreter on CPU), the rest einsum; `LiveMask` segments (decode's cache
+#   reads) through the same kernel, forward only, the query heads of a K/V head folded into its query
+#   axis and the keys split over programs (flash decoding), each batch row reading its own live
+#   length. (The shipped `gpu/decode_attention` takes one query per row, seq-major K/V and one length
+#   per row; `tpu/ragged_paged_attention` a paged cache: neither fits the head-major slot = position
+#   cache with T queries per row.) Refused on TPU (the kernel is Triton-style, untested on Mosaic).
+# - "auto": "pallas" where lowered for cuda, "einsum" on every other platform (CPU, TPU, ROCm) — the
+#   default of `numerics` on accelerators.
+# `Blockwise` segments (block-diagonal, [T, S/N] scores: small) are einsum in every backend.
+KERNEL_BACKENDS = ("pallas", "cudnn")  # the ones that run `kernels.prefix_attention`
+
+
 def resolve_backend(name: str) -> str:
+    """Check a backend name; refuse the Triton kernel where this process runs on a TPU. (A program
+    lowered for TPU from another host fails at lowering instead: the kernel has no TPU branch.)"""
     if name not in ATTENTION_BACKENDS:
         raise ConfigError(f"unknown attention backend {name!r}; one of {', '.join(ATTENTION_BACKENDS)}")
-    if name == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "einsum"
+    if name in KERNEL_BACKENDS and jax.default_backend() == "tpu":
+        raise ConfigError(f"attention backend {name!r} runs a Triton-style Pallas kernel that is untested on TPU "
+                          "(Mosaic); use 'auto' or 'einsum' there")
     return name
 
 
@@ -192,10 +209,10 @@ def attention_core(q: Array, segments, scale: float, backend: str = "einsum") ->
 
     q: [B, T, H, D]; segments: sequence of (k [B, Hkv, S_i, D], v [B, Hkv, S_i, D], mask), keys and
     values head-major like the KV cache, so the score and value contractions read them without
-    transposes. mask: bool [B, T, S_i] (True = may attend); a `LiveMask` (cache segments: computed
-    chunk by chunk up to the longest live row); a `Blockwise`: block-diagonal (computed per block,
-    [T, S/N] scores instead of a [T, S] mask); or an int G, shorthand for `Blockwise(T // G)` with
-    keys aligned to the queries — training's N blocks of a sequence. Returns [B, T, H, D].
+    transposes. mask: bool [B, T, S_i] (True = may attend); a `LiveMask` (cache segments: read up to
+    the longest live row); a `Blockwise`: block-diagonal (computed per block, [T, S/N] scores instead
+    of a [T, S] mask); or an int G, shorthand for `Blockwise(T // G)` with keys aligned to the
+    queries — training's N blocks of a sequence. Returns [B, T, H, D].
 
     Segments are merged flash-style (per-segment max, sum and output, rescaled to the joint max)
     instead of concatenating K/V: the drafter attends over [context cache ; carried ; block] without
@@ -203,8 +220,15 @@ def attention_core(q: Array, segments, scale: float, backend: str = "einsum") ->
     rows with `rejected_count == 0` reproduce the baseline drafter bit for bit. Masked keys get
     probability 0 (not exp(-inf)), so rows with no visible key return zeros instead of NaN.
     """
-    b, t, h, d = q.shape
     backend = resolve_backend(backend)
+    if backend == "auto":  # both traced; only the lowering platform's branch is lowered
+        return jax.lax.platform_dependent(cuda=lambda: _attention(q, segments, scale, "pallas"),
+                                          default=lambda: _attention(q, segments, scale, "einsum"))
+    return _attention(q, segments, scale, backend)
+
+
+def _attention(q: Array, segments, scale: float, backend: str) -> Array:
+    b, t, h, d = q.shape
     if backend in ("xla", "cudnn") and len(segments) == 1 and not isinstance(segments[0][2],
                                                                            (int, Blockwise, LiveMask)):
         return _dpa_single(q, *segments[0], scale, backend)
@@ -216,11 +240,11 @@ def attention_core(q: Array, segments, scale: float, backend: str = "einsum") ->
             mask = Blockwise(t // mask)
         if isinstance(mask, Blockwise):
             parts.append(_blockwise_part(qg, k, v, mask, scale))
-        elif isinstance(mask, LiveMask) and backend in ("pallas", "cudnn"):
+        elif isinstance(mask, LiveMask) and backend in KERNEL_BACKENDS:
             parts.append(_pallas_live_part(qg, k, v, mask, scale))
         elif isinstance(mask, LiveMask):
             parts.append(_live_part(qg, k, v, mask, scale))
-        elif isinstance(mask, Prefix) and backend in ("pallas", "cudnn"):
+        elif isinstance(mask, Prefix) and backend in KERNEL_BACKENDS:
             parts.append(_pallas_part(qg, k, v, mask, scale))
         else:
             dense_mask = mask.dense(k.shape[2]) if isinstance(mask, Prefix) else mask
@@ -263,8 +287,10 @@ def _pallas_part(qg: Array, k: Array, v: Array, mask: Prefix, scale: float):
 
 def _dpa_single(q: Array, k: Array, v: Array, mask, scale: float, backend: str) -> Array:
     """The whole attention of one dense / `Prefix` segment in one jax.nn.dot_product_attention call
-    (backend "cudnn": cuDNN flash attention for bf16/fp16 on GPU, else XLA); queries with no visible
-    key return 0. (Several segments are not merged through it: its lse output has no gradient.)"""
+    (backend "cudnn": cuDNN flash attention for bf16/fp16 when this process runs on a GPU — jax's
+    cuDNN path queries cuDNN while tracing, so it cannot follow the lowering platform — else XLA);
+    queries with no visible key return 0. (Several segments are not merged through it: its lse
+    output has no gradient.)"""
     dense_mask = mask.dense(k.shape[2]) if isinstance(mask, Prefix) else mask
     cudnn = backend == "cudnn" and jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
     impl = "cudnn" if cudnn else "xla"
@@ -277,11 +303,12 @@ def _pallas_live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: floa
     """A decode-time cache segment through the same kernel, flash-decoding style: the G query heads of a
     K/V head are folded into its query axis (G*T rows, one program per row and K/V head reads the
     K/V head once), and each program reads key tiles only up to its row's live length (and from its
-    window's first tile): per-row lengths, not the batch's longest. Forward only (decoding)."""
+    window's first tile): per-row lengths, not the batch's longest. At batch 1 (B x Hkv programs: 8 at
+    Qwen3-4B shapes) the keys are split over more programs and their partial softmaxes merged
+    (`kernels.key_splits`), so the read fills the GPU. Forward only (decoding)."""
     b, hkv, g, t, d = qg.shape
     rep = lambda x: None if x is None else jnp.tile(x, (1, g))  # noqa: E731  [B, T] -> [B, G*T], g-major
-    out, lse = prefix_attention(qg.reshape(b, hkv, g * t, d), k, v, rep(mask.limit), rep(mask.lower),
-                                        scale=scale)
+    out, lse = prefix_attention(qg.reshape(b, hkv, g * t, d), k, v, rep(mask.limit), rep(mask.lower), scale=scale)
     lse = lse.reshape(b, hkv, g, t, 1)
     seen = lse > NEG_INF / 2
     return (jnp.where(seen, lse, NEG_INF), seen.astype(jnp.float32),
@@ -289,9 +316,25 @@ def _pallas_live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: floa
 
 
 def _live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
-    """A cache segment over chunks [i*C, (i+1)*C) for min(lower) // C <= i < ceil(max(limit) / C),
-    merged online like the segments are. The last chunk of a buffer that C does not divide is read
-    at S - C (in bounds) with the slots already seen masked out."""
+    """A cache segment, einsum. Lowered for CPU: chunks [i*C, (i+1)*C) for min(lower) // C <= i <
+    ceil(max(limit) / C), merged online like the segments are (a loop with a traced trip count, so a
+    step costs the live part of the cache; the last chunk of a buffer that C does not divide is read at
+    S - C, in bounds, with the slots already seen masked out). Lowered for an accelerator: one masked
+    read of the whole buffer, no data-dependent loop (each iteration would cost a device-to-host
+    handshake on a GPU; the fused kernel of the pallas backend is what reads only the live part there)."""
+    return jax.lax.platform_dependent(cpu=lambda: _live_loop(qg, k, v, mask, scale),
+                                      default=lambda: _live_dense(qg, k, v, mask, scale))
+
+
+def _live_dense(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
+    slots = jnp.arange(k.shape[2])
+    m5 = slots < mask.limit[:, None, None, :, None]
+    if mask.lower is not None:
+        m5 = m5 & (slots >= mask.lower[:, None, None, :, None])
+    return _dense_part(qg, k, v, m5, scale)
+
+
+def _live_loop(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
     b, hkv, g, t, d = qg.shape
     s_len = k.shape[2]
     c = min(mask.chunk, s_len)

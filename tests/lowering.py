@@ -1,0 +1,46 @@
+"""Helpers of the cross-platform lowering tests: lower a jitted program for CUDA from this CPU host and
+read its StableHLO text (loops with a data-dependent trip count, Triton custom calls)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import pytest
+
+TRITON_CALL = "__gpu$xla.gpu.triton"
+_WHILE = re.compile(r"stablehlo\.while\((?P<init>[^)]*)\)")
+_CONST = re.compile(r"^%c(st)?(_\d+)?$")  # MLIR's printer names constants %c, %c_N (int) and %cst, %cst_N
+
+
+def lower_text(traced, platform: str) -> str:
+    """StableHLO of a traced program lowered for `platform`. On jax >= 0.11 lowering Pallas/Triton for
+    cuda needs the CUDA plugin: that failure skips the test, naming the reason."""
+    try:
+        return traced.lower(lowering_platforms=(platform,)).as_text()
+    except Exception as e:  # noqa: BLE001 - only the known plugin failure is turned into a skip
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if platform == "cuda" and jax.__version_info__ >= (0, 11) and re.search(r"triton|plugin|cuda|gpu", msg, re.I):
+            pytest.skip(f"lowering Pallas/Triton for CUDA needs the CUDA plugin with jax {jax.__version__}: {msg}")
+        raise
+
+
+def data_dependent_whiles(text: str) -> int:
+    """How many `stablehlo.while` loops of the module have a trip count that is not a constant.
+
+    A loop counts as constant when its condition is one `compare LT` of a loop-carried counter with a
+    constant defined in the condition region and that counter starts at a constant: the form
+    `lax.scan` and a `fori_loop` with Python-int bounds lower to. A `fori_loop` with traced bounds
+    carries its upper bound as a loop argument, and a `while_loop` tests arbitrary state: both count."""
+    n = 0
+    for m in _WHILE.finditer(text):
+        inits = dict(p.split(" = ") for p in (s.strip() for s in m.group("init").split(",")) if " = " in p)
+        rest = text[m.end():]
+        cond = rest[rest.index("cond {") + len("cond {"):rest.index("} do {")]
+        consts = set(re.findall(r"(%c(?:st)?(?:_\d+)?) = stablehlo\.constant", cond))
+        cmp = re.findall(r"stablehlo\.compare\s+LT,\s*(%\w+),\s*(%\w+)", cond)
+        lines = [ln for ln in cond.strip().splitlines() if ln.strip()]
+        constant = (len(cmp) == 1 and len(lines) <= 3 and cmp[0][1] in consts
+                    and bool(_CONST.match(inits.get(cmp[0][0], ""))))
+        n += not constant
+    return n
