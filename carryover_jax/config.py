@@ -12,9 +12,11 @@ import math
 from typing import Any, Mapping
 
 from carryover_jax.errors import ConfigError
+from carryover_jax.numerics import ATTENTION_BACKENDS, REFERENCE, Numerics
 
-# attention kernels (models/layers.py attention_core says what each one runs)
-ATTENTION_BACKENDS = ("einsum", "xla", "cudnn", "pallas", "auto")
+# numerics fields a model config used to carry itself (drafter_config.json v1, old call sites): now
+# `TargetConfig.numerics`, mapped by `TargetConfig.replace` / `from_hf` and ignored when deserializing
+LEGACY_NUMERICS_FIELDS = ("dtype", "param_dtype", "attention_backend", "cache_dtype")
 
 FAMILIES = ("llama", "qwen3", "gemma3", "gemma4")
 # HF architectures we can load, mapped to our family switch. The multimodal Gemma classes load
@@ -82,17 +84,16 @@ class TargetConfig:
     num_global_kv_heads: int | None = None  # Gemma 4: KV heads of full-attention layers (attention_k_eq_v)
     attention_k_eq_v: bool = False  # Gemma 4: full-attention layers have no v_proj (V = K projection)
     layer_scalar: bool = False  # Gemma 4: each layer's output x a stored scalar `layer_scalar`
-    # Numerics: activations and params. float32 for parity tests and CPU; bfloat16 on accelerators.
-    dtype: str = "float32"
-    param_dtype: str = "float32"
-    # Attention kernels (ATTENTION_BACKENDS): a runtime choice like dtype, not part of
-    # the model; "einsum" is the reference, "auto" picks the fused kernels on GPU.
-    attention_backend: str = "einsum"
+    # The run's numerics (carryover_jax/numerics.py): param/compute/cache dtypes, attention backend, LM
+    # head. A runtime choice, not part of the model: set at the runtime boundary (load_target, train,
+    # prepare, the CLI) and left out of every serialized config. Default: the float32 einsum reference.
+    numerics: Numerics = REFERENCE
 
     def __post_init__(self):
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ConfigError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got "
-                              f"{self.attention_backend!r}")
+        if not isinstance(self.numerics, Numerics):
+            raise ConfigError(f"TargetConfig.numerics must be a Numerics, got {type(self.numerics).__name__}")
+        if not self.numerics.is_resolved:  # a model runs with every choice made: unset = the CPU reference's
+            object.__setattr__(self, "numerics", self.numerics.resolve("cpu"))
         if self.family not in FAMILIES:
             raise ConfigError(f"unknown target family {self.family!r}; supported: {', '.join(FAMILIES)}")
         if self.num_heads % self.num_kv_heads:
@@ -144,10 +145,37 @@ class TargetConfig:
         return len({(self.is_sliding(i), self.layer_head_dim(i), self.layer_kv_heads(i))
                     for i in range(self.num_layers)}) <= 1
 
+    # ---- numerics (read from `numerics`; kept as attributes for the layers and older call sites) ----
+    @property
+    def dtype(self) -> str:
+        return self.numerics.dtype
+
+    @property
+    def param_dtype(self) -> str:
+        return self.numerics.param_dtype
+
+    @property
+    def cache_dtype(self) -> str:
+        return self.numerics.cache_dtype
+
+    @property
+    def attention_backend(self) -> str:
+        return self.numerics.attention_backend
+
+    def with_numerics(self, numerics: Numerics) -> "TargetConfig":
+        return dataclasses.replace(self, numerics=numerics)
+
     def replace(self, **kw) -> "TargetConfig":
-        """A changed copy; a new `num_layers` without `layer_types` cuts (or repeats) the layer pattern."""
+        """A changed copy; a new `num_layers` without `layer_types` cuts (or repeats) the layer pattern.
+        `dtype=` / `param_dtype=` / `cache_dtype=` / `attention_backend=` change those numerics fields
+        (`dtype` alone moves the KV cache with it, as when caches were kept in the compute dtype)."""
         if "num_layers" in kw and "layer_types" not in kw and self.layer_types:
             kw["layer_types"] = tuple(self.layer_types[i % len(self.layer_types)] for i in range(kw["num_layers"]))
+        num = {k: kw.pop(k) for k in LEGACY_NUMERICS_FIELDS if k in kw}
+        if num:
+            if "dtype" in num and "cache_dtype" not in num:
+                num["cache_dtype"] = num["dtype"]
+            kw["numerics"] = kw.get("numerics", self.numerics).replace(**num)
         return dataclasses.replace(self, **kw)
 
     # ---- HF config.json <-> TargetConfig -------------------------------------------------------
@@ -211,8 +239,10 @@ class TargetConfig:
         )
         if family in ("gemma3", "gemma4"):
             kw.update(_gemma_fields(family, hf, head_dim))
+        num = {k: overrides.pop(k) for k in LEGACY_NUMERICS_FIELDS if k in overrides}
         kw.update(overrides)
-        return cls(**kw)
+        cfg = cls(**kw)
+        return cfg.replace(**num) if num else cfg
 
     def to_hf(self) -> dict[str, Any]:
         """An HF `config.json` dict that transformers loads into the same architecture."""
@@ -491,6 +521,15 @@ class DrafterConfig:
     def replace(self, **kw) -> "DrafterConfig":
         return dataclasses.replace(self, **kw)
 
+    @property
+    def numerics(self) -> Numerics:
+        """What the draft layers run with (`Numerics.drafter_view`: param_dtype is the drafter's)."""
+        return self.backbone.numerics
+
+    def with_numerics(self, numerics: Numerics) -> "DrafterConfig":
+        """This drafter under a run's numerics (its backbone gets the drafter's view of them)."""
+        return dataclasses.replace(self, backbone=self.backbone.with_numerics(numerics.drafter_view()))
+
     @classmethod
     def for_target(
         cls,
@@ -518,6 +557,7 @@ class DrafterConfig:
                 family="qwen3", num_layers=num_layers, qk_norm=True, tie_word_embeddings=False,
                 attention_bias=False, mlp_bias=False,
             )
+        backbone = backbone.with_numerics(target.numerics.drafter_view())  # the target's run, drafter params
         return cls(
             kind=kind, layout=layout,
             block_size=num_proposals + 1 if layout == "zlab" else num_proposals,
@@ -569,6 +609,9 @@ class DataConfig:
     feature_layer_ids: tuple[int, ...] = ()
     max_len: int = 1024  # training sequence length: records are truncated / right-padded to it
     min_loss_tokens: int = 14
+    # prepare's numerics where set (generation and the feature pass), else the run's (TrainConfig.numerics);
+    # not part of a store's content
+    numerics: Numerics = Numerics()
 
 
 # ---- Training ----------------------------------------------------------------------------------------
@@ -650,8 +693,12 @@ class TrainConfig:
     # KL(p_target || p_draft) per proposal slot, from the target logits the loss already computes
     # (soft labels; within a draft vocabulary, over its ids)
     kl_weight: float = 0.0
-    compute_dtype: str = "float32"  # "bfloat16" on accelerators; params stay float32
-    attention_backend: str = "einsum"  # ATTENTION_BACKENDS
+    # dtypes and kernels of this run (carryover_jax/numerics.py); unset fields = the platform's defaults
+    # (bf16 target, compute and caches + "auto" attention on accelerators, float32 + einsum on CPU; the
+    # trained drafter params stay float32). `prepare` uses `data.numerics` over these.
+    numerics: Numerics = Numerics()
+    compute_dtype: str | None = None  # shorthand for numerics.dtype (older configs)
+    attention_backend: str | None = None  # shorthand for numerics.attention_backend (ATTENTION_BACKENDS)
     remat: bool = False
     loss_chunk_rows: int = 0  # >0: draft/target vocabulary logits computed for this many rows at a time
     mesh: MeshConfig = MeshConfig()
@@ -678,12 +725,33 @@ class TrainConfig:
             raise ConfigError(f"kl_weight must be >= 0, got {self.kl_weight}")
         if self.labels not in ("data", "target"):
             raise ConfigError(f"labels must be 'data' or 'target', got {self.labels!r}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got "
                               f"{self.attention_backend!r}")
+        self.numerics_spec()  # a shorthand that contradicts numerics.* fails here
 
     def replace(self, **kw) -> "TrainConfig":
         return dataclasses.replace(self, **kw)
+
+    def numerics_spec(self) -> Numerics:
+        """`numerics` with the `compute_dtype` / `attention_backend` shorthands folded in (unresolved)."""
+        n = self.numerics
+        for short, field in (("compute_dtype", "dtype"), ("attention_backend", "attention_backend")):
+            v = getattr(self, short)
+            if v is None:
+                continue
+            if getattr(n, field) not in (None, v):
+                raise ConfigError(f"{short}={v!r} contradicts numerics.{field}={getattr(n, field)!r}; set one")
+            n = n.replace(**{field: v})
+        return n
+
+    def run_numerics(self, platform: str | None = None, *, prepare: bool = False) -> Numerics:
+        """The resolved numerics of `train` (or, with `prepare`, of `prepare`: `data.numerics` over the
+        run's) for `platform` (None: this process's default backend)."""
+        spec = self.numerics_spec()
+        if prepare:
+            spec = self.data.numerics.over(spec)
+        return spec.resolve(platform)
 
     @property
     def loss_weights(self) -> tuple[float, float]:

@@ -15,6 +15,7 @@ from carryover_jax.errors import CarryoverError, CheckpointError, RequestError, 
 from carryover_jax.io import read_json
 from carryover_jax.models.drafter import check_pair, frozen_from_target, init_drafter_params, with_draft_head
 from carryover_jax.models.target import TargetLM, abstract_params
+from carryover_jax.numerics import Numerics
 from carryover_jax.weights import drafter_formats
 from carryover_jax.weights.hf import load_params, read_config
 from carryover_jax.weights.registry import resolve_target
@@ -82,23 +83,33 @@ def _stop_ids(folder: Path, hf_cfg: dict, tokenizer) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def run_numerics(numerics: Numerics | None = None, *, platform: str | None = None, **fields) -> Numerics:
+    """`numerics` (default: all unset) with the given fields (None = unset) resolved for `platform`
+    (None: this process's default backend): what `load_target` runs a target with."""
+    base = numerics if numerics is not None else Numerics()
+    return base.replace(**{k: v for k, v in fields.items() if v is not None}).resolve(platform)
+
+
 def load_target(
     spec: str | os.PathLike,
     *,
+    numerics: Numerics | None = None,
     dtype: str | None = None,
     param_dtype: str | None = None,
+    attention_backend: str | None = None,
+    platform: str | None = None,
     tokenizer: bool = True,
     shardings: Any = None,
 ) -> Target:
-    """Load a target by alias (`smollm2`), HF checkpoint folder, or `.gguf` file."""
+    """Load a target by alias (`smollm2`), HF checkpoint folder, or `.gguf` file, with `numerics`
+    (`carryover_jax.numerics`; unset fields: `platform`'s defaults, float32 on CPU, bf16 on accelerators).
+    `dtype` / `param_dtype` / `attention_backend` set those fields (`dtype` alone: params too). A
+    checkpoint of any float dtype (HF ships bf16) is cast to the param dtype as it is read."""
     folder = resolve_target(spec)
     hf_cfg = read_config(folder)
-    overrides = {}
-    if dtype:
-        overrides["dtype"] = dtype
-    if param_dtype or dtype:
-        overrides["param_dtype"] = param_dtype or dtype
-    cfg = target_config(folder, hf_cfg, **overrides)
+    num = run_numerics(numerics, platform=platform, dtype=dtype, param_dtype=param_dtype,
+                       attention_backend=attention_backend)
+    cfg = target_config(folder, hf_cfg).with_numerics(num)
     params = load_params(folder, abstract_params(cfg), shardings=shardings)
     tok = None
     if tokenizer:
@@ -166,9 +177,17 @@ def init_drafter(target: Target, *, seed: int = 0, mask_token_id: int | None = N
 
 
 def load_drafter(path: str | os.PathLike, *, carryover: bool | None = None, layout: str | None = None,
-                 dtype: str | None = None, target: Target | None = None) -> DraftModel:
-    """A native, z-lab (DFlashDraftModel) or DeepSpec (Qwen3DSparkModel) drafter folder."""
-    cfg, params = drafter_formats.load_drafter(path, carryover=carryover, layout=layout, dtype=dtype)
+                 dtype: str | None = None, target: Target | None = None, numerics: Numerics | None = None
+                 ) -> DraftModel:
+    """A native, z-lab (DFlashDraftModel) or DeepSpec (Qwen3DSparkModel) drafter folder, run with
+    `numerics` (default: the target's when given, else this platform's defaults); `dtype` also puts the
+    drafter's params in that dtype."""
+    if numerics is None:
+        numerics = target.cfg.numerics if target is not None else run_numerics()
+    elif not numerics.is_resolved:
+        numerics = numerics.resolve()
+    cfg, params = drafter_formats.load_drafter(path, carryover=carryover, layout=layout, dtype=dtype,
+                                               numerics=numerics)
     if target is not None:
         check_pair(cfg, target.cfg)
     return DraftModel(cfg, params, Path(path))

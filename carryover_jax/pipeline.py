@@ -134,7 +134,7 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
     def get_target():
         nonlocal target
         if target is None:
-            target = load_target(base.target)
+            target = load_target(base.target, numerics=base.run_numerics(prepare=True))
         return target
 
     def prepare():

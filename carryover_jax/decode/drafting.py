@@ -18,7 +18,7 @@ from carryover_jax.decode.sampling import probs, sample
 from carryover_jax.models.cache import KVCache, write_chunk
 from carryover_jax.models.drafter import (Drafter, cap_logits, carried_segment_mask, logits_from_hidden,
                                           proposal_slots, to_target_ids, to_target_probs)
-from carryover_jax.models.layers import LiveMask, dtype_of, tied_logits
+from carryover_jax.models.layers import LiveMask, tied_logits
 
 Array = jax.Array
 
@@ -26,7 +26,7 @@ Array = jax.Array
 def new_context_cache(cfg: DrafterConfig, batch: int, max_len: int) -> KVCache:
     bc = cfg.backbone
     return KVCache.zeros(num_layers=bc.num_layers, batch=batch, max_len=max_len,
-                         num_kv_heads=bc.layer_kv_heads(0), head_dim=bc.layer_head_dim(0), dtype=dtype_of(bc.dtype))
+                         num_kv_heads=bc.layer_kv_heads(0), head_dim=bc.layer_head_dim(0), dtype=bc.numerics.cache)
 
 
 def append_context(cfg: DrafterConfig, params, cache: KVCache, features: Array, count: Array) -> KVCache:
@@ -94,8 +94,8 @@ def draft_block_logits(cfg: DrafterConfig, params, frozen, cache: KVCache, ancho
     h = h[:, proposal_slots(cfg)]
     if cfg.draft_vocab:
         return m.apply({"params": params}, h, frozen, method=Drafter.logits)
-    if frozen.get("head") is None:  # tied: the few-row vocabulary-major contraction
-        return cap_logits(tied_logits(h, frozen["embed"]), frozen)
+    if frozen.get("head") is None:  # tied: the numerics' head form (CPU: the few-row vocabulary-major one)
+        return cap_logits(tied_logits(h, frozen["embed"], cfg.numerics.lm_head), frozen)
     return logits_from_hidden(h, frozen)
 
 

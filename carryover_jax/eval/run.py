@@ -87,7 +87,7 @@ def load_entries(target, entries: Sequence[DrafterEntry], mask_token_id: int | N
     for e in entries:
         if not Path(e.path).exists():
             raise CarryoverError(f"drafter {e.label}: no such folder {e.path}")
-        d = load_drafter(e.path, carryover=e.carryover, dtype=dtype)
+        d = load_drafter(e.path, carryover=e.carryover, dtype=dtype, numerics=target.cfg.numerics)
         check_drafter(e.label, d.cfg, target.cfg, mask_token_id)
         if mask_token_id is None:
             mask_token_id = d.cfg.mask_token_id  # tokenizer-less target: the first drafter sets it

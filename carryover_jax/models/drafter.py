@@ -24,6 +24,7 @@ from carryover_jax.config import DrafterConfig
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.layers import Blockwise, RMSNorm, dense, dtype_of
 from carryover_jax.models.target import DecoderLayer
+from carryover_jax.numerics import lm_head_logits
 
 Array = jax.Array
 
@@ -144,7 +145,7 @@ class Drafter(nn.Module):
         e = jnp.take(frozen["embed"], tokens, axis=0)
         if bc.embed_scale:
             e = e * jnp.asarray(bc.hidden_size ** 0.5, e.dtype)
-        return e.astype(dtype_of(bc.dtype))
+        return e.astype(bc.numerics.compute)
 
     def markov_bias(self, prev_tokens: Array) -> Array:
         return self.markov_head(prev_tokens)
@@ -226,10 +227,8 @@ def with_draft_head(cfg: DrafterConfig, params, frozen) -> dict:
 def logits_from_hidden(h: Array, frozen) -> Array:
     """Frozen target LM head; `head` None means tied to the embedding (no [V, d] transpose copy).
     Soft-capped like the target's logits (Gemma); a Markov bias is added after this."""
-    if frozen.get("head") is None:
-        z = jnp.einsum("...d,vd->...v", h, frozen["embed"].astype(h.dtype), preferred_element_type=jnp.float32)
-    else:
-        z = jnp.einsum("...d,dv->...v", h, frozen["head"].astype(h.dtype), preferred_element_type=jnp.float32)
+    tied = frozen.get("head") is None
+    z = lm_head_logits(h, frozen["embed"] if tied else frozen["head"], vocab_major_weight=tied)
     return cap_logits(z, frozen)
 
 

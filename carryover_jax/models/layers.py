@@ -19,25 +19,16 @@ import numpy as np
 from carryover_jax.config import ATTENTION_BACKENDS
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.kernels import NEG_INF, prefix_attention
+from carryover_jax.numerics import lm_head_logits
 
 Array = jax.Array
 
 
-VOCAB_MAJOR_MAX_ROWS = 64
-
-
-def tied_logits(h: Array, embedding: Array) -> Array:
-    """h [..., d] against a tied [V, d] embedding -> float32 logits [..., V]. For the few rows of a
-    decode step (verification, drafting) the embedding is the dot's lhs ([V, d] x [d, rows], then a
-    small [V, rows] transpose): XLA CPU runs that ~1.3-1.5x faster at 7-16 rows than [rows, V]
-    with the [V, d] operand on the right. The barrier keeps XLA from folding the transpose back
-    into the dot. Many rows (training): the plain contraction."""
-    rows = math.prod(h.shape[:-1])
-    e = embedding.astype(h.dtype)
-    if rows == 1 or rows > VOCAB_MAJOR_MAX_ROWS:
-        return jnp.einsum("...d,vd->...v", h, e).astype(jnp.float32)
-    vt = jnp.einsum("vd,nd->vn", e, h.reshape(rows, h.shape[-1]))  # in h's dtype (XLA CPU has no bf16 x bf16 = f32 dot)
-    return jax.lax.optimization_barrier(vt).T.reshape(*h.shape[:-1], -1).astype(jnp.float32)
+def tied_logits(h: Array, embedding: Array, impl: str = "plain") -> Array:
+    """h [..., d] against a tied [V, d] embedding -> float32 logits [..., V], accumulated in float32.
+    `impl` is the run's `Numerics.lm_head` ("vocab_major": the CPU form for the few rows of a decode
+    step; see `numerics.lm_head_logits`)."""
+    return lm_head_logits(h, embedding, vocab_major_weight=True, impl=impl)
 
 
 def dtype_of(name: str):

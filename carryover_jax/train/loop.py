@@ -38,8 +38,9 @@ BATCH_KEYS = ("input_ids", "loss_mask", "features", "last_hidden")
 
 
 def build_drafter(cfg: TrainConfig, target, store=None):
-    """Fresh drafter from `cfg.drafter`, or a checkpoint to continue (`cfg.init_from`). A draft
-    vocabulary is chosen from the response store (`store`, else `cfg.data.store`)."""
+    """Fresh drafter from `cfg.drafter`, or a checkpoint to continue (`cfg.init_from`), under the
+    target's numerics (its params in the drafter param dtype). A draft vocabulary is chosen from the
+    response store (`store`, else `cfg.data.store`)."""
     if cfg.init_from:
         d = load_drafter(cfg.init_from, carryover=cfg.drafter.carryover, target=target)
         return d.cfg, d.params
@@ -100,7 +101,11 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
     store = ResponseStore.open(cfg.data.store)
     if len(store) == 0:
         raise CarryoverError(f"response store {cfg.data.store} has no records: run `carryover prepare` first")
-    target = load_target(cfg.target, tokenizer=cfg.init_from is None and cfg.drafter.mask_token_id is None)
+    numerics = cfg.run_numerics()  # this platform's defaults under the config's choices
+    if is_main():
+        print(f"train: numerics: {numerics.describe()}", file=sys.stderr)
+    target = load_target(cfg.target, numerics=numerics,
+                         tokenizer=cfg.init_from is None and cfg.drafter.mask_token_id is None)
     dcfg, params = build_drafter(cfg, target, store)
     if cfg.features == "store":
         stored = list(store.meta.get("feature_layer_ids") or [])
@@ -109,7 +114,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
                 f"{cfg.data.store} stores features of target layers {stored or 'none'}, the drafter needs "
                 f"{list(dcfg.target_layer_ids)}: use features=online or re-prepare with those layers"
             )
-    sc = step_config(cfg, target.cfg, dcfg)
+    sc = step_config(cfg, target.cfg, dcfg, numerics=numerics)
     steps = total_steps(cfg, len(store))
     optimizer = make_optimizer(cfg, steps)
     schedule = lr_schedule(cfg, steps)  # for logging

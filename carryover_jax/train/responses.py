@@ -44,7 +44,7 @@ def store_meta(cfg: DataConfig, target) -> dict[str, Any]:
     """What a store's records depend on: the target (name, architecture, stop tokens), its chat template,
     the feature layers and the content-defining data settings. Numerics dtypes are not included."""
     tcfg = {k: v for k, v in dataclasses.asdict(target.cfg).items()
-            if k not in ("dtype", "param_dtype", "attention_backend")}
+            if k not in ("numerics", "dtype", "param_dtype", "attention_backend")}
     template = getattr(target.tokenizer, "chat_template", None) or ""
     return {
         "target": target.path.name if target.path is not None else None,
@@ -58,7 +58,8 @@ def store_meta(cfg: DataConfig, target) -> dict[str, Any]:
 
 def target_config_defaults() -> dict[str, Any]:
     """TargetConfig's field defaults: what a store written before a field existed implicitly used."""
-    return {f.name: f.default for f in dataclasses.fields(TargetConfig) if f.default is not dataclasses.MISSING}
+    return {f.name: f.default for f in dataclasses.fields(TargetConfig)
+            if f.default is not dataclasses.MISSING and f.name != "numerics"}
 
 
 def _check(cfg: DataConfig, target) -> None:
@@ -187,21 +188,56 @@ def _replay_batch(cfg: DataConfig, target, batch: list[tuple[Conversation, list[
 
 
 def _source_batch(cfg: DataConfig, target, batch: list[tuple[Conversation, list[int]]], batch_index: int):
-    """`responses="source"`: the first prompt and the dataset's own first assistant reply, verbatim
-    (its first `max_new_tokens` tokens, ended by the target's stop token when it fits)."""
+    """`responses="source"`: the dataset's own assistant replies, verbatim — each (its first
+    `max_new_tokens` tokens, ended by the target's stop token when it fits) with loss mask 1, every
+    prompt and user turn between them with loss mask 0, built like a regenerated record (the first
+    prompt through the chat template, then `turn_separator` text before each later reply). Up to
+    `max_turns` user -> assistant exchanges; a conversation stops early where its turns stop
+    alternating (two user or two assistant turns in a row) or the next prompt would pass
+    `max_prompt_tokens`."""
     tok, stop = target.tokenizer, list(target.stop_token_ids)[:1]
+    stop_text = tok.decode(stop, skip_special_tokens=False) if stop else None
     records, skipped = [], []
     for conv, ids in batch:
-        msgs = conv.messages
-        first_user = next(i for i, m in enumerate(msgs) if m["role"] == "user")
-        reply = next((m["content"] for m in msgs[first_user + 1:] if m["role"] == "assistant"), "")
-        body = tok(reply, add_special_tokens=False)["input_ids"]
-        body = body[: cfg.max_new_tokens] if len(body) >= cfg.max_new_tokens else body + stop
-        if len(body) < cfg.min_loss_tokens:
+        start = 2 if conv.system else 1  # system? + the first user turn: the encoded prompt `ids`
+        history = list(conv.messages[:start])
+        seq, mask, turns, ended = list(ids), [0] * len(ids), 0, False
+        for m in conv.messages[start:]:
+            if turns >= cfg.max_turns and m["role"] == "user":
+                break
+            if m["role"] == "assistant" and history[-1]["role"] == "user":
+                body = tok(m["content"], add_special_tokens=False)["input_ids"]
+                ended = len(body) < cfg.max_new_tokens
+                body = body + stop if ended else body[: cfg.max_new_tokens]
+                seq += body
+                mask += [1] * len(body)
+                history.append(m)
+                turns += 1
+            elif m["role"] == "user" and history[-1]["role"] == "assistant":
+                sep = tok(turn_separator(tok, history, m["content"], stop_text if ended and stop else None),
+                          add_special_tokens=False)["input_ids"]
+                if len(seq) + len(sep) > cfg.max_prompt_tokens:
+                    break  # keep the turns so far; the next prompt would be too long
+                seq += sep
+                mask += [0] * len(sep)
+                history.append(m)
+            else:
+                break
+        if history[-1]["role"] == "user" and turns:  # the last user turn has no reply: drop its prompt
+            keep = len(mask) - _trailing_zeros(mask)
+            seq, mask = seq[:keep], mask[:keep]
+        if sum(mask) < cfg.min_loss_tokens:
             skipped.append(conv.id)
             continue
-        records.append({"id": conv.id, "input_ids": list(ids) + body, "loss_mask": [0] * len(ids) + [1] * len(body)})
+        records.append({"id": conv.id, "input_ids": seq, "loss_mask": mask})
     return records, skipped
+
+
+def _trailing_zeros(mask: list[int]) -> int:
+    n = 0
+    while n < len(mask) and mask[-1 - n] == 0:
+        n += 1
+    return n
 
 
 # ---- target features ---------------------------------------------------------------------------------

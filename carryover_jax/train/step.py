@@ -18,6 +18,7 @@ from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.target import TargetLM
+from carryover_jax.numerics import Numerics
 from carryover_jax.train.dvd import dvd_loss
 from carryover_jax.train.losses import baseline_loss
 from carryover_jax.train.sharding import batch_sharding, replicated, shardings_from_boxed, unbox_plain
@@ -52,17 +53,20 @@ class StepConfig:
     kl_weight: float = 0.0  # KL(target || draft) at every proposal slot, beside CE and L1
 
 
-def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: DrafterConfig) -> StepConfig:
+def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: DrafterConfig, *,
+                numerics: Numerics | None = None) -> StepConfig:
+    """The step's static settings; target and drafter run with `numerics` (default: the run's,
+    `cfg.run_numerics()` for this process's platform; pass `Numerics.for_platform("cuda", ...)` to
+    build a GPU program on a CPU). The drafter's params are the trained master copy
+    (`numerics.drafter_param_dtype`, float32 unless set)."""
     ce, l1 = cfg.loss_weights
-    dt = cfg.compute_dtype
     if cfg.mode == "dvd" and not drafter_cfg.carryover:
         raise ConfigError("mode=dvd trains e_rej, but this drafter has none: set drafter.carryover=true "
                           "(or mode=control for the equal-compute run without carried rows)")
-    ab = cfg.attention_backend
+    num = cfg.run_numerics() if numerics is None else numerics
     return StepConfig(
-        target=target_cfg.replace(dtype=dt, attention_backend=ab),
-        drafter=drafter_cfg.replace(backbone=drafter_cfg.backbone.replace(dtype=dt, param_dtype="float32",
-                                                                          attention_backend=ab)),
+        target=target_cfg.with_numerics(num),
+        drafter=drafter_cfg.with_numerics(num),
         num_anchors=cfg.num_anchors, gamma=cfg.loss_decay_gamma, ce_weight=ce, l1_weight=l1, remat=cfg.remat,
         loss_chunk=cfg.loss_chunk_rows, mode=cfg.mode, carry=cfg.dvd_carry, off_metrics=cfg.dvd_off_metrics,
         target_labels=cfg.labels == "target", kl_weight=cfg.kl_weight,

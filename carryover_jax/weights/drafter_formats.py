@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from safetensors.numpy import save_file
 
-from carryover_jax.config import DrafterConfig, TargetConfig, gemma_draft_backbone
+from carryover_jax.config import LEGACY_NUMERICS_FIELDS, DrafterConfig, TargetConfig, gemma_draft_backbone
 from carryover_jax.errors import CarryoverError, CheckpointError, ConfigError, first_line
 from carryover_jax.io import atomic_dir, read_json
 from carryover_jax.weights.hf import hf_name, load_params, to_tensors
@@ -35,6 +35,11 @@ FORMATS = ("native", "zlab", "deepspec")
 CARRYOVER_FILE = "carryover.safetensors"
 CARRYOVER_TENSOR = "e_rej"
 _ARCH = {"DFlashDraftModel": "zlab", "Qwen3DSparkModel": "deepspec", "Gemma4DSparkModel": "deepspec"}
+# drafter_config.json versions: 1 (no "config_version" key) kept the run's numerics in the backbone
+# (`dtype`, `param_dtype`, `attention_backend`); 2 holds none (numerics are a runtime choice,
+# carryover_jax/numerics.py). A v1 file's numerics are ignored: the params on disk are cast to the
+# dtypes of the run that loads them.
+DRAFTER_CONFIG_VERSION = 2
 
 
 def drafter_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
@@ -46,14 +51,28 @@ def drafter_hf_name(path: tuple[str, ...]) -> tuple[str, bool]:
 
 # ---- config (de)serialisation ---------------------------------------------------------------------
 def drafter_config_to_dict(cfg: DrafterConfig) -> dict:
-    d = dataclasses.asdict(cfg)
+    """The native `drafter_config.json`: the drafter's architecture, no numerics, versioned."""
+    d = {"config_version": DRAFTER_CONFIG_VERSION, **dataclasses.asdict(cfg)}
+    d["backbone"].pop("numerics", None)
     d["target_layer_ids"] = list(cfg.target_layer_ids)
+    d["draft_vocab"] = list(cfg.draft_vocab)
     return d
 
 
 def drafter_config_from_dict(d: dict) -> DrafterConfig:
+    """A `drafter_config.json` of any version so far -> DrafterConfig (under the float32 reference
+    numerics; the loader sets the run's)."""
     d = dict(d)
-    d["backbone"] = TargetConfig(**d["backbone"])
+    version = d.pop("config_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= DRAFTER_CONFIG_VERSION:
+        raise CheckpointError(f"drafter config version {version!r} is not one this carryover-jax reads "
+                              f"(1..{DRAFTER_CONFIG_VERSION}; a newer version needs a newer carryover-jax)")
+    if not isinstance(d["backbone"], dict):
+        raise CheckpointError("\"backbone\" must be an object")
+    backbone = dict(d["backbone"])
+    for k in (*LEGACY_NUMERICS_FIELDS, "numerics"):  # v1: the run's numerics, a runtime choice now
+        backbone.pop(k, None)
+    d["backbone"] = TargetConfig(**backbone)
     d["target_layer_ids"] = tuple(d["target_layer_ids"])
     d["draft_vocab"] = tuple(d.get("draft_vocab", ()))
     return DrafterConfig(**d)
@@ -226,8 +245,10 @@ def config_from_export(hf: dict, fmt: str, *, carryover: bool) -> DrafterConfig:
 
 
 def load_drafter(folder: str | os.PathLike, *, layout: str | None = None, fmt: str | None = None,
-                 carryover: bool | None = None, dtype: str | None = None):
-    """Read a native, z-lab or DeepSpec drafter folder -> (DrafterConfig, params).
+                 carryover: bool | None = None, dtype: str | None = None, numerics=None):
+    """Read a native, z-lab or DeepSpec drafter folder -> (DrafterConfig, params) under `numerics`
+    (a resolved `Numerics`; None: the float32 reference); `dtype` puts params and compute in that dtype.
+    Params of any float dtype on disk are cast to the numerics' drafter param dtype.
 
     `layout`/`fmt`, when given, must match the checkpoint (a format/layout mismatch is an error, not a
     silent relabel). `carryover=True` on a checkpoint without `e_rej` starts it at zero (continuing a
@@ -260,6 +281,8 @@ def load_drafter(folder: str | os.PathLike, *, layout: str | None = None, fmt: s
         raise CheckpointError(f"invalid drafter config {cfg_file} ({first_line(e)})") from None
     if carryover is not None:
         cfg = cfg.replace(carryover=carryover)
+    if numerics is not None:
+        cfg = cfg.with_numerics(numerics)
     if dtype:
         cfg = cfg.replace(backbone=cfg.backbone.replace(dtype=dtype, param_dtype=dtype))
     if layout is not None and layout != cfg.layout:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import jax
+import ml_dtypes
 import numpy as np
 from flax import traverse_util
 from safetensors import safe_open
@@ -71,6 +72,30 @@ def to_tensors(params: Params, name_fn: Callable[[tuple[str, ...]], tuple[str, b
             arr = arr.astype(dtype)
         out[name] = np.ascontiguousarray(arr.T if transposed else arr)
     return out
+
+
+# safetensors dtypes numpy has no type for (its numpy reader refuses them): read as raw bytes through
+# the file header, typed by ml_dtypes (the dtypes jax itself uses). HF ships Qwen3 and Gemma in BF16.
+_ML_DTYPES = {"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+
+
+def _header(path: Path) -> tuple[dict, int]:
+    """A safetensors file's JSON header and the offset of its data section."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(n)), 8 + n
+
+
+def _read_raw(path: Path, name: str) -> np.ndarray:
+    """One tensor of a dtype numpy lacks, memory-mapped (a lazy read, like safe_open's)."""
+    header, start = _header(path)
+    info = header[name]
+    lo, hi = info["data_offsets"]
+    dt = np.dtype(_ML_DTYPES[info["dtype"]])
+    shape = tuple(info["shape"])
+    if hi - lo != dt.itemsize * int(np.prod(shape, dtype=np.int64)):
+        raise CheckpointError(f"tensor {name!r} in {path}: {hi - lo} bytes for shape {shape} {info['dtype']}")
+    return np.memmap(path, dtype=dt, mode="r", offset=start + lo, shape=shape)
 
 
 def open_safetensors(path: Path):
@@ -141,7 +166,11 @@ class SafetensorsReader:
         if name not in f.keys():
             raise CheckpointError(f"tensor {name!r} is missing in {path} (the index lists it there)")
         try:
+            if f.get_slice(name).get_dtype() in _ML_DTYPES:
+                return _read_raw(path, name)
             return f.get_tensor(name)
+        except CheckpointError:
+            raise
         except Exception as e:
             raise CheckpointError(f"unreadable tensor {name!r} in {path} ({first_line(e)})") from None
 
@@ -185,7 +214,7 @@ def load_params(
                     f"{reader.label} does not match the config's "
                     f"{tuple(spec.shape if not transposed else spec.shape[::-1])}"
                 )
-            arr = np.ascontiguousarray(arr).astype(spec.dtype, copy=False)
+            arr = np.ascontiguousarray(arr).astype(spec.dtype, copy=False)  # any float -> the numerics' dtype
             sh = flat_sh.get(path)
             out[path] = jax.device_put(arr, sh) if sh is not None else jax.device_put(arr)
     finally:
