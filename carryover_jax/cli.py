@@ -17,8 +17,39 @@ from carryover_jax.errors import CarryoverError
 def _add_target_args(p: argparse.ArgumentParser):
     p.add_argument("--target", default="smollm2",
                    help="alias (smollm2), HF checkpoint folder, or .gguf file (default: smollm2)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                   help="compute/param dtype (default: float32)")
+    _add_numerics_args(p)
+
+
+# the numerics flags (carryover_jax/numerics.py): one group on every command that runs a model; unset =
+# the platform's default. prepare/train map them onto the config's `numerics.*` (like --set numerics.X=...)
+_NUMERICS_FLAGS = (("dtype", "compute dtype; target params and KV caches follow it unless set"),
+                   ("param_dtype", "target param dtype (a checkpoint of any float dtype is cast to it)"),
+                   ("drafter_param_dtype", "drafter param dtype (default float32: training's master copy)"),
+                   ("cache_dtype", "KV cache dtype (target and drafter context caches)"),
+                   ("attention_backend", "attention kernels (models/layers.py attention_core)"),
+                   ("lm_head", "tied LM head form: vocab_major (the CPU default) or plain"))
+
+
+def _add_numerics_args(p: argparse.ArgumentParser):
+    from carryover_jax.numerics import DTYPES, LM_HEADS
+
+    g = p.add_argument_group("numerics", "dtypes and kernels of this run; default: the platform's (bfloat16 "
+                             "and attention auto on GPU/TPU, float32 and einsum on CPU)")
+    for name, text in _NUMERICS_FLAGS:
+        choices = ATTENTION_BACKENDS if name == "attention_backend" else LM_HEADS if name == "lm_head" else DTYPES
+        g.add_argument("--" + name.replace("_", "-"), dest=name, default=None, choices=choices, help=text)
+
+
+def _numerics(args):
+    """The numerics flags given -> a `Numerics` spec (unset fields stay None: the platform's default)."""
+    from carryover_jax.numerics import Numerics
+
+    return Numerics.from_args(args)
+
+
+def _run_numerics(args):
+    """The flags resolved for this process's platform."""
+    return _numerics(args).resolve()
 
 
 def _cmd_generate(args) -> int:
@@ -38,7 +69,7 @@ def _cmd_generate(args) -> int:
     if not prompts:
         raise CarryoverError(f"no prompts in {args.prompts_file}" if args.prompts_file
                              else "give at least one --prompt or a --prompts-file")
-    target = load_target(args.target, dtype=args.dtype)
+    target = load_target(args.target, numerics=_run_numerics(args))
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, chat=not args.no_chat, max_len=args.max_len)
     if args.drafter:
@@ -46,7 +77,7 @@ def _cmd_generate(args) -> int:
         from carryover_jax.loading import load_drafter
 
         # a drafter released without e_rej gets a zero one: Carryover's initialisation
-        drafter = load_drafter(args.drafter, target=target, dtype=args.dtype, carryover=not args.no_carryover)
+        drafter = load_drafter(args.drafter, target=target, carryover=not args.no_carryover)
         results, run_stats = speculative_generate(target, drafter, prompts, carryover=not args.no_carryover,
                                                   stepwise=args.stepwise, greedy_drafts=args.greedy_drafts, **kw)
         print(f"[speculative: tau {run_stats['tau']}, {run_stats['rounds']} rounds, "
@@ -109,7 +140,14 @@ def _train_config(args):
     from carryover_jax.config import apply_overrides
     from carryover_jax.configs import load_config
 
-    return apply_overrides(load_config(args.config), args.set or [])
+    cfg = apply_overrides(load_config(args.config), args.set or [])
+    flags = {k: v for k, v in vars(_numerics(args)).items() if v is not None}
+    if not flags:
+        return cfg
+    # a flag wins over the config, including its compute_dtype / attention_backend shorthands
+    return cfg.replace(numerics=cfg.numerics.replace(**flags),
+                       compute_dtype=None if "dtype" in flags else cfg.compute_dtype,
+                       attention_backend=None if "attention_backend" in flags else cfg.attention_backend)
 
 
 def _cmd_prepare(args) -> int:
@@ -117,7 +155,9 @@ def _cmd_prepare(args) -> int:
     from carryover_jax.train.responses import prepare_responses
 
     cfg = _train_config(args)
-    target = load_target(cfg.target)
+    numerics = cfg.run_numerics(prepare=True)
+    print(f"prepare: numerics: {numerics.describe()}", file=sys.stderr)
+    target = load_target(cfg.target, numerics=numerics)
     store = prepare_responses(cfg.data, target, progress=not args.quiet)
     print(json.dumps({"store": str(cfg.data.store), "records": len(store), "tokens": store.num_tokens}))
     return 0
@@ -161,7 +201,7 @@ def _cmd_bench(args) -> int:
     if args.what == "ar":
         from carryover_jax.bench import ar
 
-        target = load_target(args.target, dtype=args.dtype)
+        target = load_target(args.target, numerics=_run_numerics(args))
         result = ar.run(target, batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens,
                         repeats=args.repeats)
         print(ar.format_table(result))
@@ -171,7 +211,7 @@ def _cmd_bench(args) -> int:
         from carryover_jax.bench import decode
         from carryover_jax.loading import init_drafter, load_drafter
 
-        target = load_target(args.target, dtype=args.dtype)
+        target = load_target(args.target, numerics=_run_numerics(args))
         if args.drafter:
             drafter = load_drafter(args.drafter, target=target, carryover=True)
         else:
@@ -303,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
         t.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config field, e.g. --set steps=100 --set data.max_len=512")
         t.add_argument("--quiet", action="store_true", help="no progress bar")
+        _add_numerics_args(t)  # = --set numerics.<field>=...
         t.set_defaults(func=fn)
 
     pp = sub.add_parser("pipeline", help="the main job in one resumable run: prepare -> baseline -> control and "

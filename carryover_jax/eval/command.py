@@ -8,6 +8,7 @@ import sys
 from carryover_jax.decode.generate import check_sampling
 from carryover_jax.errors import CarryoverError
 from carryover_jax.loading import load_target
+from carryover_jax.numerics import Numerics
 
 
 def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
@@ -81,7 +82,7 @@ def main(args) -> int:
     entries = [parse_drafter_spec(s) for s in (args.drafter or []) + (snapshot_arms(args.curve) if args.curve else [])]
     if not entries:
         raise CarryoverError("give at least one --drafter LABEL=DIR[:carryover] (or --curve RUN)")
-    target = load_target(args.target, dtype=args.dtype)
+    target = load_target(args.target, numerics=Numerics.from_args(args).resolve())
     result = evaluate(
         target, entries, datasets=args.datasets, prompts_per_dataset=args.prompts_per_dataset,
         max_prompt_tokens=args.max_prompt_tokens, system=args.system, heldout_per_mille=args.heldout_per_mille,

@@ -182,9 +182,8 @@ def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, m
 # ---- training-style replay on recorded sequences (DVD training's own rollout) -----------------------
 def replay_step_config(target_cfg, drafter_cfg, num_anchors: int):
     """The DVD step's static settings for the target and drafter as loaded (their numerics kept)."""
-    run = TrainConfig(mode="dvd", num_anchors=num_anchors, compute_dtype=target_cfg.dtype,
-                      attention_backend=target_cfg.attention_backend)
-    return step_config(run, target_cfg, drafter_cfg)
+    return step_config(TrainConfig(mode="dvd", num_anchors=num_anchors), target_cfg, drafter_cfg,
+                       numerics=target_cfg.numerics)
 
 
 @functools.partial(jax.jit, static_argnames=("sc", "k"))
