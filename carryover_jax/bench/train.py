@@ -32,7 +32,6 @@ from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig, prese
 from carryover_jax.loading import load_target
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.target import abstract_params
-from carryover_jax.train.loop import build_drafter, train
 from carryover_jax.train.responses import target_features
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, mesh_sizes
 from carryover_jax.train.step import (compile_step, drafter_shardings, init_state, make_optimizer, state_shardings,
@@ -60,6 +59,7 @@ def _synthetic_store(path: Path, target, cfg: TrainConfig, layer_ids, *, records
 
 
 def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str, Any]:
+    from carryover_jax.train.loop import build_drafter, train  # grain: not needed by the memory table
     target = load_target(cfg.target)
     dcfg, _ = build_drafter(cfg, target)
     records = cfg.batch_size * (steps + 1)
@@ -88,6 +88,7 @@ def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str,
 def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
     """Step time of DVD training and of its equal-compute control against baseline steps on the same
     batch (stored and online features), interleaved call by call in one process; medians in ms."""
+    from carryover_jax.train.loop import build_drafter
     target = load_target(cfg.target)
     dcfg, params = build_drafter(cfg, target)
     rng = np.random.default_rng(0)
