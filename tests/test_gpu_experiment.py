@@ -1,0 +1,147 @@
+"""The GPU experiment's plumbing on the CPU: the stage plan follows measured rates (a slow and a fast
+device both end inside the budget), the prompt pack stands in for the packages, and launch/gpu_experiment.sh
+splits a file larger than one call's budget, reassembles it with its sha256 checked, and fails in one line
+when part 1 is gone."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from carryover_jax.budget import Budget, Rates, plan_stages, render_plan
+from carryover_jax.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "launch" / "gpu_experiment.sh"
+MiB = 1 << 20
+
+
+def _rates(scale: float) -> Rates:
+    """A device `scale` times slower than an H200-like one (every rate scaled alike)."""
+    return Rates(gen_tokens_per_s=60_000 / scale, baseline_step_s=0.12 * scale, dvd_step_s=0.30 * scale,
+                 control_step_s=0.15 * scale, eval_token_s=0.02 * scale, compile_s=8.0)
+
+
+@pytest.mark.parametrize("scale", [0.25, 1.0, 4.0])
+def test_plan_fits_the_budget_at_any_measured_speed(scale):
+    budget = Budget(wall_s=420, probe_s=30, min_conversations=10_000, max_conversations=None)
+    plan = plan_stages(_rates(scale), budget)
+    assert plan["estimated_total_s"] <= budget.wall_s
+    s = plan["steps"]
+    # the equal-compute control costs what DVD costs: steps x (dvd / control step time)
+    assert s["control_compute"] == round(s["dvd"] * 0.30 / 0.15)
+    assert s["control"] == s["dvd"]
+    assert "| total" in render_plan(plan)
+
+
+def test_plan_sizes_follow_the_measured_rates_not_constants():
+    budget = Budget(wall_s=420, probe_s=30, min_conversations=10_000)
+    fast, slow = plan_stages(_rates(0.5), budget), plan_stages(_rates(2.0), budget)
+    # 4x the speed buys ~4x the work in every stage (compilation is a fixed cost, so a bit more)
+    assert fast["conversations"] >= 4 * slow["conversations"]
+    for k in ("baseline", "dvd"):
+        assert fast["steps"][k] >= 4 * slow["steps"][k]
+    assert fast["eval_prompts_per_dataset"] >= 4 * slow["eval_prompts_per_dataset"] - 1
+    # a slow device cannot buy the goal: the plan says so rather than overrunning the budget
+    slower = plan_stages(_rates(8.0), budget)
+    assert slower["conversations"] < 10_000 and any("below the goal" in n for n in slower["notes"])
+    assert slower["estimated_total_s"] <= budget.wall_s
+    assert not any("below the goal" in n for n in fast["notes"])
+    assert plan_stages(_rates(0.5), Budget(max_conversations=500))["conversations"] == 500
+
+
+def test_plan_refuses_what_it_cannot_plan():
+    with pytest.raises(ConfigError, match="spent before any work"):
+        plan_stages(_rates(1.0), Budget(wall_s=30, probe_s=25))
+    with pytest.raises(ConfigError, match="must be positive"):
+        _rates(1.0).__class__(**{**_rates(1.0).__dict__, "dvd_step_s": 0.0})
+    with pytest.raises(ConfigError, match="sum to 1"):
+        Budget(prepare_share=0.9)
+
+
+def test_prompt_pack_stands_in_for_the_packages(tmp_path, monkeypatch):
+    """The unpacked pack gives the same training conversations (ids, user turns) and eval prompts."""
+    from carryover_jax import prompt_pack
+    from carryover_jax.train import sources
+
+    convs = [{"id": f"c{i}", "conversations": [{"from": "human", "value": f"question {i}"},
+                                               {"from": "gpt", "value": "answer"},
+                                               {"from": "human", "value": "x" * (50 if i % 2 else 5000)}]}
+             for i in range(6)]
+    fake = tmp_path / "sharegpt.json"
+    fake.write_text(json.dumps(convs))
+    monkeypatch.setattr(sources, "sharegpt_file", lambda: fake)
+    monkeypatch.setattr(prompt_pack, "_eval_rows", lambda name: iter([{"id": f"{name}-1", "messages": [
+        {"role": "user", "content": f"a {name} prompt"}]}]))
+    counts = prompt_pack.write_pack(tmp_path / "p.tar.gz", max_turns=3, max_turn_chars=1000)
+    assert counts == {"sharegpt": 6, "humaneval": 1, "mtbench": 1}
+    d = prompt_pack.unpack(tmp_path / "p.tar.gz", tmp_path / "unpacked")
+    want = list(sources.iter_sharegpt())
+    monkeypatch.setenv(sources.PACK_ENV, str(d))
+    got = list(sources.iter_sharegpt())
+    assert [c.id for c in got] == [c.id for c in want]
+    for g, w in zip(got, want):
+        users = [m["content"] for m in w.messages if m["role"] == "user"]
+        # assistant turns are not carried (regeneration writes them); a turn past the limit ends the prompt
+        assert g.user_turns == [u for u in users if len(u) <= 1000][: len(g.user_turns)]
+        assert all(m["role"] != "assistant" for m in g.messages)
+    from carryover_jax.eval.datasets import iter_humaneval
+
+    assert [p.id for p in iter_humaneval()] == ["humaneval-1"]
+    monkeypatch.setenv(sources.PACK_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(Exception, match="holds no sharegpt.jsonl"):
+        list(sources.iter_sharegpt())
+
+
+def _tree_bytes() -> int:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+                         check=True).stdout.split(b"\0")
+    return sum((ROOT / f.decode()).stat().st_size for f in out if f and (ROOT / f.decode()).is_file())
+
+
+def _run(mode, env, *args):
+    return subprocess.run(["bash", str(SCRIPT), mode, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def test_gpu_experiment_splits_reassembles_and_says_when_part1_is_gone(tmp_path):
+    rng = np.random.default_rng(0)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "fake-0.0-py3-none-any.whl").write_bytes(b"w" * 1000)
+    pack = tmp_path / "prompts.tar.gz"
+    pack.write_bytes(b"p" * 1000)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(rng.integers(0, 256, 12 * MiB, dtype=np.uint8).tobytes())
+    # a call budget with room for 8 MiB beside the tree: the 12 MiB file fits in no single call
+    call_mib = -(-(_tree_bytes() + 1000 + 10 * MiB) // MiB)
+    gpu, keep, cache = tmp_path / "gpu", tmp_path / "keep", tmp_path / "cache"
+    env = {**os.environ, "CARRYOVER_GGUF": str(gguf), "CARRYOVER_CALL_MIB": str(call_mib),
+           "CARRYOVER_GPU_DIR": str(gpu), "CARRYOVER_KEEP": str(keep), "CARRYOVER_CACHE": str(cache),
+           "CARRYOVER_WHEELS_FROM": str(wheels), "CARRYOVER_PROMPT_PACK": str(pack), "PY": sys.executable}
+    r = _run("build", env)
+    assert r.returncode == 0, r.stderr
+    p1, p2 = (gpu / "part1" / "gguf.part1").stat().st_size, (gpu / "part2" / "gguf.part2").stat().st_size
+    assert p1 + p2 == 12 * MiB and 0 < p2 < p1 < 12 * MiB  # uneven: call 1 takes what fits
+    assert "call 1: carry" in r.stdout and "call 2: carry" in r.stdout
+
+    r = _run("reassemble", env)  # the machine was given back: part 1 is not there
+    assert r.returncode == 3 and r.stderr.count("\n") == 1 and "part 1 of the GGUF is not on this machine" in r.stderr
+
+    assert _run("call1", env).returncode == 0
+    r = _run("reassemble", env)
+    assert r.returncode == 0, r.stderr
+    out = cache / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == hashlib.sha256(gguf.read_bytes()).hexdigest()
+
+    (keep / "gguf.part1").write_bytes(b"damaged")
+    r = _run("reassemble", env)
+    assert r.returncode == 3 and "sha256" in r.stderr and r.stderr.count("\n") == 1
+
+    small = {**env, "CARRYOVER_CALL_MIB": str(call_mib - 6)}  # part 2 no longer fits beside the tree
+    r = _run("build", small)
+    assert r.returncode == 3 and "does not fit in two calls" in r.stderr
