@@ -7,15 +7,20 @@ import json
 import sys
 from pathlib import Path
 
+from carryover_jax import bounds as B
 from carryover_jax.config import ATTENTION_BACKENDS
 from carryover_jax.errors import CarryoverError
+from carryover_jax.paths import name_or_path, user_path
 
 # Each command imports its modules inside its function, so that `carryover --help` and a refused
 # argument load none of the training stack (orbax, grain, tensorstore), transformers, torch or matplotlib.
+# Every path option is made absolute by its argparse type (`user_path`; `name_or_path` where an alias or
+# a config name is also accepted), every numeric option is range-checked by its type (`bounds.arg`).
+SIZE, COUNT0, SEED = B.arg(B.size()), B.arg(B.count(0)), B.arg(B.SEED)
 
 
 def _add_target_args(p: argparse.ArgumentParser):
-    p.add_argument("--target", default="smollm2",
+    p.add_argument("--target", default="smollm2", type=name_or_path,
                    help="alias (smollm2), HF checkpoint folder, or .gguf file (default: smollm2)")
     _add_numerics_args(p)
 
@@ -166,7 +171,7 @@ def _cmd_prepare(args) -> int:
 def _cmd_pipeline(args) -> int:
     from carryover_jax.pipeline import run_pipeline
 
-    out = args.out or f"runs/pipeline-{Path(args.config.partition(':')[0]).stem}-{args.preset}"
+    out = user_path(args.out or f"runs/pipeline-{Path(args.config.partition(':')[0]).stem}-{args.preset}")
     res = run_pipeline(args.config, out, preset=args.preset, overrides=args.set or [],
                        continue_overrides=args.continue_set or [], progress=not args.quiet)
     print(Path(out) / "report.md" if "report" in res else out)
@@ -255,8 +260,12 @@ def _cmd_bench(args) -> int:
         if args.memory:  # compiled per-device memory of the paper configs, per attention backend
             from carryover_jax.config import MeshConfig
 
-            mesh = dict(kv.split("=") for kv in (args.mesh or "data=-1").split(","))
-            mesh_cfg = MeshConfig(**{k: int(v) for k, v in mesh.items()})
+            try:
+                mesh = {k: int(v) for k, v in (kv.split("=") for kv in (args.mesh or "data=-1").split(","))}
+                mesh_cfg = MeshConfig(**mesh)
+            except (ValueError, TypeError):
+                raise CarryoverError(f"--mesh must be AXIS=SIZE[,AXIS=SIZE...] with axes data, fsdp, tensor, "
+                                     f"got {args.mesh!r}") from None
             cfgs = {}
             for name in args.memory_configs.split(","):
                 c = load_config(name).replace(mesh=mesh_cfg, mode="dvd" if args.mode == "dvd" else "baseline")
@@ -294,16 +303,16 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text: autoregressive, or speculative with --drafter")
     _add_target_args(g)
     g.add_argument("--prompt", action="append", help="a user prompt (repeat for a batch)")
-    g.add_argument("--prompts-file", help='JSONL with {"prompt": ...} or {"messages": [...]} per line')
+    g.add_argument("--prompts-file", type=user_path, help='JSONL with {"prompt": ...} or {"messages": [...]} per line')
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=SEED, default=0)
     g.add_argument("--max-len", type=int, default=None, help="KV cache length (default: fits the request)")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
-    g.add_argument("--drafter", help="drafter folder (native, z-lab or DeepSpec format): speculative decoding")
+    g.add_argument("--drafter", type=user_path, help="drafter folder (native, z-lab or DeepSpec format): speculative decoding")
     g.add_argument("--no-carryover", action="store_true", help="plain drafter: do not carry rejected states")
     g.add_argument("--greedy-drafts", action="store_true",
                    help="draft by argmax at any temperature (z-lab's reference loop); still lossless")
@@ -312,34 +321,34 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_cmd_generate)
 
     i = sub.add_parser("init-drafter", help="write a randomly initialised drafter for a target (native format)")
-    i.add_argument("--target", default="smollm2")
+    i.add_argument("--target", default="smollm2", type=name_or_path)
     i.add_argument("--kind", choices=["dflash", "markov"], default="dflash")
     i.add_argument("--layout", choices=["zlab", "deepspec"], default="zlab")
-    i.add_argument("--proposals", type=int, default=15, help="draft tokens per round (paper: 15)")
-    i.add_argument("--layers", type=int, default=5)
+    i.add_argument("--proposals", type=SIZE, default=15, help="draft tokens per round (paper: 15)")
+    i.add_argument("--layers", type=SIZE, default=5)
     i.add_argument("--layer-ids", help="comma-separated target layer ids (default: z-lab spacing)")
-    i.add_argument("--mask-token-id", type=int, default=None)
+    i.add_argument("--mask-token-id", type=COUNT0, default=None)
     i.add_argument("--no-carryover", action="store_true")
-    i.add_argument("--seed", type=int, default=0)
-    i.add_argument("--out", required=True)
+    i.add_argument("--seed", type=SEED, default=0)
+    i.add_argument("--out", required=True, type=user_path)
     i.set_defaults(func=_cmd_init_drafter)
 
     e = sub.add_parser("export", help="write a drafter as a PyTorch checkpoint (z-lab DFlash or DeepSpec format)")
-    e.add_argument("--drafter", required=True, help="drafter folder (native, z-lab or DeepSpec)")
+    e.add_argument("--drafter", required=True, type=user_path, help="drafter folder (native, z-lab or DeepSpec)")
     e.add_argument("--format", choices=["zlab", "deepspec"], required=True)
-    e.add_argument("--target", default="smollm2", help="target whose embed/lm_head the DeepSpec format stores")
+    e.add_argument("--target", default="smollm2", type=name_or_path, help="target whose embed/lm_head the DeepSpec format stores")
     e.add_argument("--dtype", choices=["bfloat16", "float32", "keep"], default="bfloat16")
-    e.add_argument("--out", required=True)
+    e.add_argument("--out", required=True, type=user_path)
     e.set_defaults(func=_cmd_export)
 
     c = sub.add_parser("convert", help="convert a GGUF target (or alias) to an HF folder in the cache; print it")
-    c.add_argument("--target", default="smollm2")
+    c.add_argument("--target", default="smollm2", type=name_or_path)
     c.set_defaults(func=_cmd_convert)
 
     for name, fn, text in (("prepare", _cmd_prepare, "regenerate training responses with the target (resumable)"),
                            ("train", _cmd_train, "train a drafter (resumes from the run's last checkpoint)")):
         t = sub.add_parser(name, help=text)
-        t.add_argument("--config", default="smollm2", help="tiny | smollm2 | qwen3_4b | path/to/config.py")
+        t.add_argument("--config", default="smollm2", type=name_or_path, help="tiny | smollm2 | qwen3_4b | path/to/config.py")
         t.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config field, e.g. --set steps=100 --set data.max_len=512")
         t.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -348,10 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     pp = sub.add_parser("pipeline", help="the main job in one resumable run: prepare -> baseline -> control and "
                         "DVD continuations -> eval -> report (Markdown + JSON + PNG) in --out")
-    pp.add_argument("--config", default="smollm2", help="tiny | smollm2 | qwen3_4b | path/to/config.py")
+    pp.add_argument("--config", default="smollm2", type=name_or_path, help="tiny | smollm2 | qwen3_4b | path/to/config.py")
     pp.add_argument("--preset", choices=["quick", "full"], default="quick",
                     help="quick: a complete small report (~15 min on 2 CPU cores); full: the config's sizes")
-    pp.add_argument("--out", default=None, help="output folder (default: runs/pipeline-<config>-<preset>)")
+    pp.add_argument("--out", default=None, type=user_path, help="output folder (default: runs/pipeline-<config>-<preset>)")
     pp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field of every training stage")
     pp.add_argument("--continue-set", action="append", metavar="KEY=VALUE",
                     help="override a field of the control and DVD continuations only, e.g. --continue-set steps=50")
@@ -359,29 +368,29 @@ def build_parser() -> argparse.ArgumentParser:
     pp.set_defaults(func=_cmd_pipeline)
 
     pl = sub.add_parser("plot", help="PNG of a run's metrics (loss, estimated tau, per-slot accept rate)")
-    pl.add_argument("--run", required=True, help="training output folder (holds metrics.jsonl)")
-    pl.add_argument("--out", default=None)
+    pl.add_argument("--run", required=True, type=user_path, help="training output folder (holds metrics.jsonl)")
+    pl.add_argument("--out", default=None, type=user_path)
     pl.set_defaults(func=_cmd_plot)
 
     b = sub.add_parser("bench", help="benchmarks that print ratios measured side by side in one run")
     b.add_argument("what", choices=["ar", "decode", "train", "steps"])
     b.add_argument("--preset", default="qwen3-4b", help="bench steps: target shape preset (random weights)")
-    b.add_argument("--layers", type=int, default=None, help="bench steps: cut the target to N layers (CPU)")
+    b.add_argument("--layers", type=SIZE, default=None, help="bench steps: cut the target to N layers (CPU)")
     b.add_argument("--kind", choices=["dflash", "markov"], default="dflash")
     b.add_argument("--layout", choices=["zlab", "deepspec"], default="zlab")
-    b.add_argument("--proposals", type=int, default=15)
-    b.add_argument("--draft-layers", type=int, default=5)
-    b.add_argument("--batch", type=int, default=1)
-    b.add_argument("--context", type=int, default=512)
-    b.add_argument("--train-batch", type=int, default=1)
-    b.add_argument("--train-len", type=int, default=1024)
-    b.add_argument("--anchors", type=int, default=64)
-    b.add_argument("--config", default="smollm2", help="bench train: config name or path")
+    b.add_argument("--proposals", type=SIZE, default=15)
+    b.add_argument("--draft-layers", type=SIZE, default=5)
+    b.add_argument("--batch", type=SIZE, default=1)
+    b.add_argument("--context", type=SIZE, default=512)
+    b.add_argument("--train-batch", type=SIZE, default=1)
+    b.add_argument("--train-len", type=B.arg(B.size(2)), default=1024)
+    b.add_argument("--anchors", type=SIZE, default=64)
+    b.add_argument("--config", default="smollm2", type=name_or_path, help="bench train: config name or path")
     b.add_argument("--set", action="append", metavar="KEY=VALUE", help="bench train: config overrides")
-    b.add_argument("--steps", type=int, default=6, help="bench train: timed steps per mode")
+    b.add_argument("--steps", type=SIZE, default=6, help="bench train: timed steps per mode")
     b.add_argument("--mode", choices=["features", "dvd"], default="features",
                    help="bench train: online vs stored features, or DVD/control vs baseline steps on one batch")
-    b.add_argument("--devices", type=int, default=64, help="bench train: devices for the Qwen3-4B memory estimate")
+    b.add_argument("--devices", type=SIZE, default=64, help="bench train: devices for the Qwen3-4B memory estimate")
     b.add_argument("--memory", action="store_true", help="bench train: per-device memory of the compiled step of "
                    "the paper configs (--memory-configs) under --mesh on --devices, per --backend")
     b.add_argument("--memory-configs", default="qwen3_4b,gemma4_12b", help="bench train --memory: config names")
@@ -389,18 +398,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--backend", nargs="+", default=None, choices=ATTENTION_BACKENDS,
                    help="bench steps: train step per attention backend (default einsum); "
                         "bench train --memory: backends compared (default einsum pallas)")
-    b.add_argument("--drafter", help="bench decode: drafter folder (default: an untrained random drafter)")
-    b.add_argument("--prompts", type=int, default=4, help="bench decode: prompts decoded one by one")
+    b.add_argument("--drafter", type=user_path, help="bench decode: drafter folder (default: an untrained random drafter)")
+    b.add_argument("--prompts", type=SIZE, default=4, help="bench decode: prompts decoded one by one")
     b.add_argument("--breakdown", action="store_true", help="bench decode: AR step / draft / verify / round times "
                    "and ratios at several cache sizes (--max-lens; --proposals, --draft-layers for the random drafter)")
-    b.add_argument("--max-lens", type=int, nargs="+", default=[256, 1024, 4096], help="bench decode --breakdown")
-    b.add_argument("--draft-vocab", type=int, default=0, metavar="K",
+    b.add_argument("--max-lens", type=SIZE, nargs="+", default=[256, 1024, 4096], help="bench decode --breakdown")
+    b.add_argument("--draft-vocab", type=COUNT0, default=0, metavar="K",
                    help="bench decode: the random drafter proposes from a draft vocabulary of K tokens")
     _add_target_args(b)  # --dtype also sets bench steps' dtype (default bfloat16)
-    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    b.add_argument("--max-new-tokens", type=int, default=64)
-    b.add_argument("--repeats", type=int, default=1)
-    b.add_argument("--out", help="also write the result as JSON here")
+    b.add_argument("--batch-sizes", type=SIZE, nargs="+", default=[1, 8])
+    b.add_argument("--max-new-tokens", type=SIZE, default=64)
+    b.add_argument("--repeats", type=SIZE, default=1)
+    b.add_argument("--out", type=user_path, help="also write the result as JSON here")
     b.set_defaults(func=_cmd_bench)
 
     from carryover_jax.eval.command import add_parser as add_eval_parser

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import math
+import types
+import typing
 from typing import Any, Mapping
 
+from carryover_jax import bounds as B
 from carryover_jax.errors import ConfigError
+from carryover_jax.paths import resolve_config_paths
 from carryover_jax.numerics import ATTENTION_BACKENDS, REFERENCE, Numerics
 
 # numerics fields a model config used to carry itself (drafter_config.json v1, old call sites): now
@@ -37,6 +42,19 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 _GEMMA4_UNSUPPORTED = (("hidden_size_per_layer_input", 0), ("num_kv_shared_layers", 0),
                        ("enable_moe_block", False), ("use_double_wide_mlp", False),
                        ("use_bidirectional_attention", None))
+
+
+# what a checkpoint's numbers may be (HF config.json or a preset); token ids are informational, unchecked
+_TARGET_BOUNDS = dict(
+    vocab_size=B.count(), hidden_size=B.size(), intermediate_size=B.size(), num_layers=B.size(),
+    num_heads=B.size(), num_kv_heads=B.size(), head_dim=B.size(), rms_norm_eps=B.real(high=1.0),
+    rope_theta=B.positive(1e12), rope_factor=B.positive(), rope_low_freq_factor=B.positive(),
+    rope_high_freq_factor=B.positive(), rope_original_max_position=B.count(), max_position_embeddings=B.count(),
+    sliding_window=B.count(optional=True), rope_local_theta=B.positive(1e12),
+    rope_partial_factor=B.positive(1.0), attention_scale=B.positive(optional=True),
+    final_logit_softcapping=B.positive(optional=True), global_head_dim=B.size(optional=True),
+    num_global_kv_heads=B.size(optional=True),
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,6 +108,7 @@ class TargetConfig:
     numerics: Numerics = REFERENCE
 
     def __post_init__(self):
+        B.check_fields(self, _TARGET_BOUNDS)  # first: the checks below compute with these numbers
         if not isinstance(self.numerics, Numerics):
             raise ConfigError(f"TargetConfig.numerics must be a Numerics, got {type(self.numerics).__name__}")
         if not self.numerics.is_resolved:  # a model runs with every choice made: unset = the CPU reference's
@@ -468,6 +487,10 @@ class DrafterConfig:
     draft_vocab: tuple[int, ...] = ()
 
     def __post_init__(self):
+        B.check_fields(self, dict(block_size=B.size(), num_target_layers=B.size(), mask_token_id=B.count(0),
+                                  markov_rank=B.size(0)))
+        B.check_ids("target_layer_ids", self.target_layer_ids, low=-1)
+        B.check_ids("draft_vocab", self.draft_vocab)
         if self.kind not in DRAFTER_KINDS:
             raise ConfigError(f"unknown drafter kind {self.kind!r}; supported: {', '.join(DRAFTER_KINDS)}")
         if self.layout not in LAYOUTS:
@@ -613,6 +636,21 @@ class DataConfig:
     # not part of a store's content
     numerics: Numerics = Numerics()
 
+    def __post_init__(self):
+        B.check_fields(self, dict(
+            heldout_per_mille=B.count(0, 1000), max_prompts=B.count(optional=True), max_turns=B.size(),
+            max_prompt_tokens=B.size(), max_new_tokens=B.size(), temperature=B.real(), top_k=B.count(0),
+            gen_batch_size=B.size(), seed=B.SEED,
+            max_len=B.size(2),  # an anchor and its first label
+            min_loss_tokens=B.size(2),  # fewer supervised tokens hold no anchor
+        ), "data.")
+        if not (isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool)
+                and 0.0 < self.top_p <= 1.0):
+            raise ConfigError(f"data.top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        if not isinstance(self.feature_layer_ids, tuple):  # JSON gives a list; keep the config hashable
+            object.__setattr__(self, "feature_layer_ids", tuple(self.feature_layer_ids or ()))
+        B.check_ids("data.feature_layer_ids", self.feature_layer_ids, low=-1)
+
 
 # ---- Training ----------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -624,6 +662,9 @@ class MeshConfig:
     fsdp: int = 1
     tensor: int = 1
     shard_drafter: bool = False  # False: drafter params replicated (DeepSpec's no_shard); True: fsdp/tensor
+
+    def __post_init__(self):
+        B.check_fields(self, {k: B.count(1, 1 << 16, extra=(-1,)) for k in ("data", "fsdp", "tensor")}, "mesh.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -642,6 +683,16 @@ class DrafterSpec:
     # vocabulary; `DrafterConfig.draft_vocab`), chosen from the response store when the drafter is built
     draft_vocab_size: int = 0
 
+    def __post_init__(self):
+        B.check_fields(self, dict(num_proposals=B.size(), num_layers=B.size(), mask_token_id=B.count(0, optional=True),
+                                  markov_rank=B.size(0, optional=True), draft_vocab_size=B.count(0)), "drafter.")
+        if self.draft_vocab_size == 1:
+            raise ConfigError("drafter.draft_vocab_size must be 0 (the whole vocabulary) or >= 2, got 1")
+        if self.target_layer_ids is not None:
+            if not isinstance(self.target_layer_ids, tuple):
+                object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
+            B.check_ids("drafter.target_layer_ids", self.target_layer_ids, low=-1)
+
     def build(self, target: TargetConfig, default_mask_token_id: int | None = None,
               draft_vocab: tuple[int, ...] = ()) -> DrafterConfig:
         """The DrafterConfig this spec describes for `target` (the spec's MASK id wins over the default)."""
@@ -651,6 +702,16 @@ class DrafterSpec:
             target_layer_ids=self.target_layer_ids, mask_token_id=mask, markov_rank=self.markov_rank,
             carryover=self.carryover, draft_vocab=draft_vocab,
         )
+
+
+_TRAIN_BOUNDS = dict(
+    batch_size=B.size(), num_anchors=B.size(), steps=B.count(), epochs=B.count(optional=True),
+    lr=B.positive(1.0), warmup_ratio=B.real(high=1.0), weight_decay=B.real(high=1.0), grad_clip=B.positive(1e9),
+    b1=B.real(high=1.0 - 1e-12), b2=B.real(high=1.0 - 1e-12), eps=B.positive(1.0), loss_decay_gamma=B.positive(),
+    ce_weight=B.real(optional=True), l1_weight=B.real(optional=True), kl_weight=B.real(), loss_chunk_rows=B.size(0),
+    seed=B.SEED, log_every=B.count(), save_every=B.count(), keep_checkpoints=B.count(1, 1000),
+    snapshot_every=B.count(0),
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -715,14 +776,14 @@ class TrainConfig:
     def __post_init__(self):
         if self.features not in ("online", "store"):
             raise ConfigError(f"features must be 'online' or 'store', got {self.features!r}")
-        if self.batch_size < 1 or self.num_anchors < 1:
-            raise ConfigError("batch_size and num_anchors must be positive")
+        # steps is unused when epochs is set (total_steps), so 0 is allowed there
+        B.check_fields(self, {**_TRAIN_BOUNDS, "steps": B.count(0 if self.epochs is not None else 1)})
+        if not any(w for w in self.loss_weights) and not self.kl_weight:
+            raise ConfigError("ce_weight, l1_weight and kl_weight are all 0: the loss would train nothing")
         if self.mode not in ("baseline", "dvd", "control"):
             raise ConfigError(f"mode must be 'baseline', 'dvd' or 'control', got {self.mode!r}")
         if self.dvd_carry not in ("hidden", "draft_tokens", "target_tokens"):
             raise ConfigError(f"dvd_carry must be 'hidden', 'draft_tokens' or 'target_tokens', got {self.dvd_carry!r}")
-        if self.kl_weight < 0:
-            raise ConfigError(f"kl_weight must be >= 0, got {self.kl_weight}")
         if self.labels not in ("data", "target"):
             raise ConfigError(f"labels must be 'data' or 'target', got {self.labels!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
@@ -763,7 +824,9 @@ class TrainConfig:
 
 def apply_overrides(cfg, overrides: list[str]):
     """`key=value` overrides on nested frozen dataclasses (`data.max_len=512`, `drafter.kind=markov`);
-    values parse as Python literals when they can, else stay strings."""
+    values parse as Python literals when they can, else stay strings. Every command loads its config
+    through here, so a TrainConfig also gets its user paths made absolute here, once
+    (`paths.resolve_config_paths`)."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value")
@@ -773,31 +836,66 @@ def apply_overrides(cfg, overrides: list[str]):
         except (ValueError, SyntaxError):
             value = raw
         cfg = _set_path(cfg, key.split("."), value, key)
-    return cfg
+    return resolve_config_paths(cfg) if isinstance(cfg, TrainConfig) else cfg
 
 
 _BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+_TYPE_NAMES = {bool: "a bool", int: "an int", float: "a float", str: "a str", tuple: "a tuple"}
 
 
-def _coerce(value, current, full):
-    """`value` as the type of the field's current value (when it has one): `false`/`no`/`off` are a
-    bool, `3` for a float field is 3.0, `123` for a str field is "123"; anything else is one error
-    instead of a silently truthy string."""
-    if value is None or current is None or (isinstance(value, type(current))
-                                            and isinstance(value, bool) == isinstance(current, bool)):
-        return value
-    if isinstance(current, bool):
+@functools.lru_cache(maxsize=None)
+def _field_types(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value, annotation, full):
+    """`value` as the field's annotated type: `false`/`no`/`off` are a bool, `3` for a float field is 3.0,
+    `123` for a str field is "123", `5` for a tuple field is (5,), `None` only where the annotation
+    admits it; anything else is one error instead of a silently truthy string or a None that fails
+    later. (The dataclass's __post_init__ then checks the value's range.)"""
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
+        else (annotation,)
+    optional = type(None) in options
+    kinds = [typing.get_origin(o) or o for o in options if o is not type(None)]
+    kind = kinds[0] if len(kinds) == 1 else None
+    if value is None:
+        if optional:
+            return None
+    elif kind is bool:
+        if isinstance(value, bool):
+            return value
         if isinstance(value, str) and value.lower() in _BOOL_WORDS:
             return _BOOL_WORDS[value.lower()]
-        if value in (0, 1) and not isinstance(value, float):
+        if value in (0, 1) and isinstance(value, int):
             return bool(value)
-    elif isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    elif isinstance(current, str) and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    elif isinstance(current, tuple) and isinstance(value, (int, str)):
-        return (value,)
-    raise ConfigError(f"{full} expects a {type(current).__name__}, got {value!r}")
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif kind is tuple:
+        item = (typing.get_args(next(o for o in options if o is not type(None))) or (Any,))[0]
+        items = value if isinstance(value, tuple) else (value,) if isinstance(value, (int, str)) else None
+        if items is not None:
+            try:
+                return tuple(i if item is Any else _coerce(i, item, f"{full}[{n}]") for n, i in enumerate(items))
+            except ConfigError:
+                pass
+    elif kind is not None and dataclasses.is_dataclass(kind):
+        raise ConfigError(f"{full} is a {kind.__name__}: set its fields ({full}.NAME=VALUE), got {value!r}")
+    else:  # an annotation this parser does not know: keep the value (the dataclass checks it)
+        return value
+    what = _TYPE_NAMES.get(kind, f"a {getattr(kind, '__name__', kind)}")
+    if kind is tuple:
+        item = typing.get_args(next(o for o in options if o is not type(None)))[:1]
+        what = f"a tuple of {item[0].__name__}" if item and item[0] is not Any else what
+    raise ConfigError(f"{full} expects {what}{' or None' if optional else ''}, got {value!r}")
 
 
 def _set_path(obj, path, value, full):
@@ -807,5 +905,5 @@ def _set_path(obj, path, value, full):
     if len(path) == 1:
         if isinstance(value, list):  # config sequences are tuples (hashable, jit-static)
             value = tuple(value)
-        return dataclasses.replace(obj, **{name: _coerce(value, getattr(obj, name), full)})
+        return dataclasses.replace(obj, **{name: _coerce(value, _field_types(type(obj))[name], full)})
     return dataclasses.replace(obj, **{name: _set_path(getattr(obj, name), path[1:], value, full)})

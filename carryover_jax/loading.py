@@ -130,16 +130,10 @@ def target_config(folder: Path, hf_cfg: dict, **overrides) -> TargetConfig:
         cfg = TargetConfig.from_hf(hf_cfg, **overrides)
     except KeyError as e:
         raise CheckpointError(f"missing field {e.args[0]!r} in config {Path(folder) / 'config.json'}") from None
-    except (TypeError, ValueError, AttributeError) as e:
-        if isinstance(e, CarryoverError):
-            raise
+    except CarryoverError as e:  # TargetConfig's checks (numbers in range, known switches): name the file
+        raise type(e)(f"{e} (in config {Path(folder) / 'config.json'})") from None
+    except (TypeError, ValueError, AttributeError, ArithmeticError) as e:
         raise CheckpointError(f"invalid field in config {Path(folder) / 'config.json'} ({first_line(e)})") from None
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                 "head_dim", "max_position_embeddings"):
-        v = getattr(cfg, name, None)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            raise CheckpointError(f"invalid {name} {v!r} in config {Path(folder) / 'config.json'} "
-                                  "(expected a positive integer)")
     return cfg
 
 

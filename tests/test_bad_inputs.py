@@ -210,7 +210,10 @@ CLI_ROWS = [
         r"missing field 'hidden_size' in config .*target/config\.json"),
     Row("target config.json wrong value type", lambda e: GEN + ["--target", target_with(
         e, lambda d: edit_json(d / "config.json", lambda c: {**c, "num_hidden_layers": "three"}))],
-        r"invalid .*config .*target/config\.json"),
+        r"num_layers must be an integer in \[1, 1048576\], got 'three' \(in config .*target/config\.json\)"),
+    Row("target config.json zero heads", lambda e: GEN + ["--target", target_with(
+        e, lambda d: edit_json(d / "config.json", lambda c: {**c, "num_attention_heads": 0}))],
+        r"num_heads must be an integer in \[1, 1048576\], got 0 \(in config .*target/config\.json\)"),
     Row("target tensor wrong dtype", lambda e: GEN + ["--target", target_with(
         e, lambda d: edit_tensors(d / "model.safetensors", lambda t: t.update(
             {"model.norm.weight": t["model.norm.weight"].astype(np.int32)})))],
@@ -321,7 +324,13 @@ CLI_ROWS = [
         r"unknown config key 'data\.nope'"),
     # a value of the wrong type is refused, never kept as a (truthy) string
     Row("train bool not a word", lambda e: train_args(e, "--set", "remat=maybe"), r"remat expects a bool, got 'maybe'"),
-    Row("train int not a number", lambda e: train_args(e, "--set", "steps=abc"), r"steps expects a int, got 'abc'"),
+    Row("train int not a number", lambda e: train_args(e, "--set", "steps=abc"), r"steps expects an int, got 'abc'"),
+    Row("train None for a field without None", lambda e: train_args(e, "--set", "steps=None"),
+        r"steps expects an int, got None"),
+    Row("train tuple of the wrong items", lambda e: train_args(e, "--set", "drafter.target_layer_ids=(0,'a')"),
+        r"drafter\.target_layer_ids expects a tuple of int or None, got \(0, 'a'\)"),
+    Row("train a nested config as a value", lambda e: train_args(e, "--set", "data=3"),
+        r"data is a DataConfig: set its fields \(data\.NAME=VALUE\), got 3"),
     Row("prepare responses unknown", lambda e: [
         "prepare", "--config", "tiny", "--quiet", "--set", f"target={e.target}", "--set",
         f"data.store={e.tmp / 'st'}", "--set", f"data.source={e.prompts}", "--set", "data.responses=mine"],
@@ -364,12 +373,94 @@ CLI_ROWS = [
     Row("train out_dir unwritable", lambda e: train_args(e, out=str(Path(write(e, "file", "x")) / "run")),
         r"cannot create the output folder .*file/run"),
     Row("train unknown config", lambda e: ["train", "--config", "nope"], r"no such config: 'nope'"),
+    # numbers out of range: every numeric config field (TrainConfig, DataConfig, MeshConfig, DrafterSpec),
+    # refused when the config is built, before anything loads
+    Row("train steps -1", lambda e: train_args(e, "--set", "steps=-1"),
+        r"steps must be an integer in \[1, 2147483647\], got -1"),
+    Row("train steps 0", lambda e: train_args(e, "--set", "steps=0"), r"steps must be an integer in \[1, "),
+    Row("train epochs 0", lambda e: train_args(e, "--set", "epochs=0"),
+        r"epochs must be an integer in \[1, 2147483647\] or None, got 0"),
+    Row("train batch_size absurd", lambda e: train_args(e, "--set", "batch_size=1000000000"),
+        r"batch_size must be an integer in \[1, 1048576\], got 1000000000"),
+    Row("train num_anchors 0", lambda e: train_args(e, "--set", "num_anchors=0"), r"num_anchors must be an integer in \[1, "),
+    Row("train lr 0", lambda e: train_args(e, "--set", "lr=0"), r"lr must be a finite number in \(0, 1\], got 0\.0"),
+    Row("train lr 100", lambda e: train_args(e, "--set", "lr=100"), r"lr must be a finite number in \(0, 1\]"),
+    Row("train warmup_ratio 2", lambda e: train_args(e, "--set", "warmup_ratio=2"), r"warmup_ratio must be a finite "
+        r"number in \[0, 1\]"),
+    Row("train grad_clip 0", lambda e: train_args(e, "--set", "grad_clip=0"), r"grad_clip must be a finite number in \(0, "),
+    Row("train b2 1", lambda e: train_args(e, "--set", "b2=1"), r"b2 must be a finite number in \[0, 1\]"),
+    Row("train seed -1", lambda e: train_args(e, "--set", "seed=-1"), r"seed must be an integer in \[0, 4294967295\]"),
+    Row("train save_every 0", lambda e: train_args(e, "--set", "save_every=0"), r"save_every must be an integer in \[1, "),
+    Row("train loss weights all 0", lambda e: train_args(e, "--set", "ce_weight=0", "--set", "l1_weight=0"),
+        r"ce_weight, l1_weight and kl_weight are all 0: the loss would train nothing"),
+    Row("train data.max_len 0", lambda e: train_args(e, "--set", "data.max_len=0"),
+        r"data\.max_len must be an integer in \[2, 1048576\], got 0"),
+    Row("train data.min_loss_tokens -1", lambda e: train_args(e, "--set", "data.min_loss_tokens=-1"),
+        r"data\.min_loss_tokens must be an integer in \[2, "),
+    Row("train mesh.data 0", lambda e: train_args(e, "--set", "mesh.data=0"),
+        r"mesh\.data must be an integer in \[1, 65536\] or -1, got 0"),
+    Row("train mesh.fsdp -2", lambda e: train_args(e, "--set", "mesh.fsdp=-2"), r"mesh\.fsdp must be an integer"),
+    Row("train drafter.num_layers 0", lambda e: train_args(e, "--set", "drafter.num_layers=0"),
+        r"drafter\.num_layers must be an integer in \[1, 1048576\], got 0"),
+    Row("train drafter.num_proposals -1", lambda e: train_args(e, "--set", "drafter.num_proposals=-1"),
+        r"drafter\.num_proposals must be an integer in \[1, "),
+    Row("train drafter.draft_vocab_size 1", lambda e: train_args(e, "--set", "drafter.draft_vocab_size=1"),
+        r"drafter\.draft_vocab_size must be 0 \(the whole vocabulary\) or >= 2, got 1"),
+    Row("prepare data.gen_batch_size 0", lambda e: [
+        "prepare", "--config", "tiny", "--quiet", "--set", f"target={e.target}", "--set", "data.gen_batch_size=0"],
+        r"data\.gen_batch_size must be an integer in \[1, "),
+    Row("prepare data.heldout_per_mille 2000", lambda e: [
+        "prepare", "--config", "tiny", "--quiet", "--set", "data.heldout_per_mille=2000"],
+        r"data\.heldout_per_mille must be an integer in \[0, 1000\], got 2000"),
+    Row("prepare data.temperature -1", lambda e: ["prepare", "--config", "tiny", "--set", "data.temperature=-1"],
+        r"data\.temperature must be a finite number in \[0, "),
+    # numeric CLI options: refused by their argparse type, before the command loads anything
+    Row("init-drafter layers 0", lambda e: ["init-drafter", "--target", "nowhere", "--layers", "0", "--out",
+                                            str(e.tmp / "d")],
+        r"argument --layers: must be an integer in \[1, 1048576\], got 0"),
+    Row("init-drafter proposals absurd", lambda e: ["init-drafter", "--target", "nowhere", "--proposals",
+                                                    "100000000", "--out", str(e.tmp / "d")],
+        r"argument --proposals: must be an integer in \[1, 1048576\], got 100000000"),
+    Row("init-drafter mask-token-id -1", lambda e: ["init-drafter", "--target", "nowhere", "--mask-token-id", "-1",
+                                                    "--out", str(e.tmp / "d")],
+        r"argument --mask-token-id: must be an integer in \[0, "),
+    Row("init-drafter seed not a number", lambda e: ["init-drafter", "--target", "nowhere", "--seed", "x",
+                                                     "--out", str(e.tmp / "d")],
+        r"argument --seed: must be an integer in \[0, 4294967295\], got 'x'"),
+    Row("generate seed -1", lambda e: GEN + ["--target", "nowhere", "--seed", "-1"],
+        r"argument --seed: must be an integer in \[0, "),
+    Row("bench batch 0", lambda e: ["bench", "steps", "--batch", "0"], r"argument --batch: must be an integer in \[1, "),
+    Row("bench max-lens 0", lambda e: ["bench", "decode", "--max-lens", "256", "0"],
+        r"argument --max-lens: must be an integer in \[1, "),
+    Row("bench repeats -3", lambda e: ["bench", "ar", "--repeats", "-3"], r"argument --repeats: must be an integer"),
+    Row("bench mesh malformed", lambda e: ["bench", "train", "--memory", "--mesh", "data=x"],
+        r"--mesh must be AXIS=SIZE\[,AXIS=SIZE\.\.\.\] with axes data, fsdp, tensor, got 'data=x'"),
+    Row("eval heldout-per-mille 5000", lambda e: ["eval", "--out", str(e.tmp / "o"), "--heldout-per-mille", "5000"],
+        r"argument --heldout-per-mille: must be an integer in \[0, 1000\], got 5000"),
 ]
 
 
+def _spec_prefill(e: Env, *, max_len: int, max_rounds: int | None = None):
+    """The step-wise engine's prefill on a 9-token prompt, max_new 12, with the 3-proposal drafter: it
+    checks the request against its buffers before compiling anything."""
+    import jax
+    import jax.numpy as jnp
+
+    from carryover_jax.decode import speculative as sp
+    from carryover_jax.loading import load_drafter
+
+    d = load_drafter(e.drafter)
+    sc = sp.SpecConfig(target=e.loaded.cfg, drafter=d.cfg)
+    tokens = jnp.zeros((1, 16), jnp.int32).at[0, :9].set(5)
+    return sp.prefill(sc, e.loaded.params, d.params, tokens, jnp.asarray([9]), jnp.asarray([12]), jnp.zeros((1,)),
+                      jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=max_len, out_size=16,
+                      max_rounds=max_rounds)
+
+
 def _api_rows():
+    from carryover_jax.config import DataConfig, TrainConfig
     from carryover_jax.decode.generate import generate, speculative_generate
-    from carryover_jax.loading import load_drafter, load_target
+    from carryover_jax.loading import init_drafter, load_drafter, load_target
     from carryover_jax.train.sources import iter_jsonl
     from carryover_jax.train.store import ResponseStore
 
@@ -400,6 +491,17 @@ def _api_rows():
             DataError),
         Row("api load_drafter layout mismatch", lambda e: lambda: load_drafter(e.drafter, layout="deepspec"),
             r"holds a drafter in the zlab layout \(native format\), not deepspec", CheckpointError),
+        Row("api speculative prefill past max_len", lambda e: lambda: _spec_prefill(e, max_len=20),
+            r"row 0: prompt 9 \+ max_new 12 \+ 3 proposals - 1 needs 23 cache slots, but max_len is 20", RequestError),
+        Row("api speculative max_rounds too small", lambda e: lambda: _spec_prefill(e, max_len=64, max_rounds=4),
+            r"max_rounds=4 cannot record 11 rounds", RequestError),
+        Row("api speculative prompt bucket past max_len", lambda e: lambda: _spec_prefill(e, max_len=8),
+            r"the prompt bucket of 16 tokens is longer than the cache \(max_len=8\)", RequestError),
+        Row("api init_drafter num_layers 0", lambda e: lambda: init_drafter(e.loaded, num_layers=0, mask_token_id=4),
+            r"num_layers must be an integer in \[1, 1048576\], got 0", ConfigError),
+        Row("api TrainConfig steps -1", lambda e: lambda: TrainConfig(steps=-1), r"steps must be an integer", ConfigError),
+        Row("api DataConfig top_p 0", lambda e: lambda: DataConfig(top_p=0.0), r"data\.top_p must be in \(0, 1\]",
+            ConfigError),
     ]
 
 
@@ -425,11 +527,47 @@ def test_cli_row(row: Row, env, capsys):
     assert re.search(row.match, errors[0]), errors[0]
 
 
+def test_paths_with_dotdot_are_resolved_at_the_boundary(env, capsys, monkeypatch):
+    """A valid input that used to fail: a `..` in a store path reached tensorstore ("Invalid file path").
+    Every path a user gives is made absolute once (CLI options, loaded configs), so `prepare` with a
+    relative `../` store and source works, and writes where the path points."""
+    work = env.tmp / "work"
+    work.mkdir()
+    (env.tmp / "src.jsonl").write_text("".join(
+        json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": words(4 + i)},
+                                                {"role": "assistant", "content": words(6 + i)}]}) + "\n"
+        for i in range(3)))
+    monkeypatch.chdir(work)
+    rc, err = _run_cli(["prepare", "--config", "tiny", "--quiet", "--set", f"target={env.target}",
+                        "--set", "data.store=../sub/../st", "--set", "data.source=../src.jsonl",
+                        "--set", "data.responses=source", "--set", "data.heldout_per_mille=0"], capsys)
+    assert rc == 0, err
+    from carryover_jax.train.store import ResponseStore
+
+    store = ResponseStore.open(env.tmp / "st")
+    assert len(store) == 3 and store.meta["data"]["source"] == str(env.tmp / "src.jsonl")
+
+
+def test_config_paths_are_absolute_and_names_stay_names(tmp_path, monkeypatch):
+    from carryover_jax.config import TrainConfig, apply_overrides
+
+    monkeypatch.chdir(tmp_path)
+    c = apply_overrides(TrainConfig(), ["out_dir=../a/./run", "init_from=~/d", "data.store=st"])
+    assert (c.out_dir, c.data.store) == (str(tmp_path.parent / "a" / "run"), str(tmp_path / "st"))
+    assert c.init_from == os.path.expanduser("~/d")
+    assert (c.target, c.data.source) == ("smollm2", "sharegpt")  # an alias and a dataset name, not paths
+    c = apply_overrides(TrainConfig(), ["target=models/t.gguf", "data.source=./p.jsonl"])
+    assert (c.target, c.data.source) == (str(tmp_path / "models/t.gguf"), str(tmp_path / "p.jsonl"))
+
+
 API_ROW_IDS = ["api generate prompt past the context", "api generate top_p 1.5", "api generate temperature list with nan",
                "api generate token id outside the vocabulary", "api speculative top_k -1",
                "api generate prompt of the wrong type", "api generate malformed chat messages", "api load_target truncated",
                "api load_drafter truncated", "api ResponseStore.open bad commit",
-               "api iter_jsonl duplicate id", "api load_drafter layout mismatch"]
+               "api iter_jsonl duplicate id", "api load_drafter layout mismatch",
+               "api speculative prefill past max_len", "api speculative max_rounds too small",
+               "api speculative prompt bucket past max_len", "api init_drafter num_layers 0", "api TrainConfig steps -1",
+               "api DataConfig top_p 0"]
 
 
 @pytest.mark.parametrize("row_id", API_ROW_IDS)

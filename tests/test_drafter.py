@@ -9,7 +9,8 @@ import torch
 from carryover_jax import CheckpointError, ConfigError
 from carryover_jax.config import DrafterConfig
 from carryover_jax.decode.drafting import (
-    append_context, block_tokens, draft_block_logits, new_context_cache, sequential_proposals, teacher_forced_logits,
+    append_rows, block_tokens, draft_block_logits, fuse_rows, new_context_cache, sequential_proposals,
+    teacher_forced_logits,
 )
 from carryover_jax.models.drafter import Drafter
 from carryover_jax.weights.drafter_formats import export_drafter, load_drafter, save_drafter
@@ -17,6 +18,11 @@ from carryover_jax.export import torch_reference as ref
 from tests.drafter_fixtures import TINY_TARGET, VARIANTS, tiny_drafter, tiny_frozen
 
 B, S = 2, 9
+
+
+def append_context(cfg, params, cache, features, count):
+    """Committed target features into the drafter cache, as the engine does it (prefill, verify_step)."""
+    return append_rows(cfg, params, cache, fuse_rows(cfg, params, features), count)
 
 
 def _inputs(cfg, seed=0):

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
-from carryover_jax.decode.drafting import append_context, draft_block_logits, new_context_cache, sequential_proposals
+from carryover_jax.decode.drafting import (append_rows, draft_block_logits, fuse_rows, new_context_cache,
+                                           sequential_proposals)
 from carryover_jax.models.drafter import frozen_from_target, init_drafter_params
 from carryover_jax.models.target import TargetLM, init_params
 from carryover_jax.train import anchors as A
@@ -148,7 +149,7 @@ def test_draft1_is_the_decode_time_drafter_and_control_is_a_baseline_step_at_shi
                 continue
             s_n = int(anchors[i, n])
             cache = new_context_cache(dc, 1, s + dc.block_size)
-            cache = append_context(dc, params, cache, feats[i:i + 1], jnp.asarray([s_n]))
+            cache = append_rows(dc, params, cache, fuse_rows(dc, params, feats[i:i + 1]), jnp.asarray([s_n]))
             anchor = jnp.asarray([ids_np[i, s_n]])
             z = draft_block_logits(dc, params, frozen, cache, anchor)
             want = np.asarray(sequential_proposals(dc, params, z, anchor, None, None, sampling=False)[0])[0]

@@ -50,6 +50,42 @@ def _state_after_prefill(target, drafter, prompts, max_new, P, carryover=True):
     return sc, state
 
 
+def test_prefill_sizes_the_request_to_its_buffers(tiny_llama):
+    """The verify chunk's cache write clamps at max_len (dynamic_update_slice: it would shift back over
+    committed slots), so prefill refuses a cache some round would overrun. A random drafter is rejected
+    every round, so its last round starts furthest, at prompt + max_new - 2: with exactly prompt + max_new
+    + P - 1 slots (no write clamps) the rounds decode what AR decodes, one slot less is refused;
+    `accepted` holds every round."""
+    from carryover_jax.decode import speculative as sp
+    from carryover_jax.decode.generate import pad_batch
+    from carryover_jax.errors import RequestError
+
+    target = load_target(tiny_llama.path, tokenizer=False)
+    P, n, new = 4, 9, 12
+    drafter = _drafter(target, "dflash", "zlab", proposals=P)
+    prompt = _prompts(5, (n,))
+    ref = generate(target, prompt, max_new_tokens=new, stop_token_ids=[])[0].token_ids
+    sc = sp.SpecConfig(target=target.cfg, drafter=drafter[0])
+
+    def prefill(max_len, **kw):
+        return sp.prefill(sc, target.params, drafter[1], jnp.asarray(pad_batch(prompt, 16)), jnp.asarray([n]),
+                          jnp.asarray([new]), jnp.zeros((1,)), jnp.asarray([-1] * 8, jnp.int32), jax.random.key(0),
+                          max_len=max_len, out_size=16, **kw)
+
+    need = n + new + P - 1
+    s = sp.generate_loop(sc, target.params, drafter[1], prefill(need))
+    rounds = int(s.rounds[0])
+    assert np.asarray(s.out[0, : int(s.num_out[0])]).tolist() == ref
+    assert rounds == new - 1  # every draft rejected: one token per round
+    accepted = np.asarray(s.accepted[0])
+    assert accepted.shape == (16,) and (accepted[:rounds] >= 0).all() and (accepted[rounds:] == -1).all()
+    with pytest.raises(RequestError, match=f"row 0: prompt {n} \\+ max_new {new} \\+ {P} proposals - 1 needs {need} "
+                                           f"cache slots, but max_len is {need - 1}"):
+        prefill(need - 1)
+    with pytest.raises(RequestError, match=f"max_rounds=10 cannot record {new - 1} rounds"):
+        prefill(need, max_rounds=10)
+
+
 def test_verify_commits_rolls_back_and_carries_exactly(tiny_qwen3):
     """Crafted proposals with per-row accepted counts 2, P and 0."""
     from carryover_jax.decode import speculative as sp
@@ -131,16 +167,23 @@ def test_oracle_rounds_reproduce_ar_with_stops_and_limits(tiny_llama, carryover)
 
 
 def test_rounds_compile_once(tiny_llama):
+    """From cleared caches, two requests of one bucket compile prefill, the draft and the verify step
+    exactly once each: every round of the first request reuses them (a state whose types drift between
+    rounds would compile a second verify step inside the first request), and so does the second request."""
     from carryover_jax.decode import speculative as sp
+    from tests.compile_counts import compiles_of, counting_compiles
 
     target = load_target(tiny_llama.path, tokenizer=False)
     drafter = _drafter(target, "dflash", "zlab")
-    sizes = []
-    for seed, lens in ((3, (5, 9)), (4, (12, 2))):  # same bucket (16), different prompts
-        speculative_generate(target, drafter, _prompts(seed, lens), max_new_tokens=12, stop_token_ids=[],
-                             stepwise=True)
-        sizes.append((sp.prefill._cache_size(), sp.draft_parts._cache_size(), sp.verify_step._cache_size()))
-    assert sizes[0] == sizes[1]
+    steps = {"prefill_jit": sp.prefill_jit, "_draft": sp.draft_parts, "_verify": sp.verify_step}
+    after = []
+    with counting_compiles() as counts:
+        for seed, lens in ((3, (5, 9)), (4, (12, 2))):  # same bucket (16), different prompts
+            _, stats = speculative_generate(target, drafter, _prompts(seed, lens), max_new_tokens=12,
+                                            stop_token_ids=[], stepwise=True)
+            assert stats["rounds"] >= 4  # several rounds per request: the reuse across rounds is exercised
+            after.append({name: (f._cache_size(), compiles_of(counts, name)) for name, f in steps.items()})
+    assert after[0] == after[1] == {name: (1, 1) for name in steps}
 
 
 @pytest.mark.parametrize("greedy_drafts", [False, True])

@@ -99,16 +99,20 @@ def test_prefill_compiles_once_per_bucket(tiny_llama):
     from carryover_jax.decode import autoregressive as ar
     from carryover_jax.decode.generate import pad_batch
 
+    from tests.compile_counts import compiles_of, counting_compiles
+
     target = load_target(tiny_llama.path, tokenizer=False)
-    if not hasattr(ar.prefill, "_cache_size"):
-        pytest.skip("jax private _cache_size unavailable")
-    sizes = []
-    for n in (5, 11):  # two prompts of one bucket (16)
-        ids = pad_batch([list(range(3, 3 + n))], 16)
-        cache, logits = ar.prefill(target.cfg, target.params, jnp.asarray(ids), jnp.asarray([n], jnp.int32), max_len=64)
-        ar.step(target.cfg, target.params, cache, jnp.asarray([4], jnp.int32))
-        sizes.append((ar.prefill._cache_size(), ar.step._cache_size()))
-    assert sizes[0] == sizes[1]
+    after = []
+    with counting_compiles() as counts:  # from cleared caches: absolute counts
+        for n in (5, 11):  # two prompts of one bucket (16)
+            ids = pad_batch([list(range(3, 3 + n))], 16)
+            cache, logits = ar.prefill(target.cfg, target.params, jnp.asarray(ids), jnp.asarray([n], jnp.int32),
+                                       max_len=64)
+            for t in (4, 5):  # a step on prefill's cache, then on the step's own output cache
+                _, cache = ar.step(target.cfg, target.params, cache, jnp.asarray([t], jnp.int32))
+            after.append((ar.prefill._cache_size(), ar.step._cache_size(), compiles_of(counts, "prefill"),
+                          compiles_of(counts, "step")))
+    assert after == [(1, 1, 1, 1)] * 2
 
 
 def test_bf16_forward_close_to_float32(tiny_qwen3):

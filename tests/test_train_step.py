@@ -9,6 +9,7 @@ import pytest
 
 from carryover_jax.config import DrafterConfig, DrafterSpec, MeshConfig, TargetConfig, TrainConfig
 from carryover_jax.models.drafter import init_drafter_params
+from carryover_jax.models.layers import Prefix
 from carryover_jax.models.target import TargetLM, init_params
 from carryover_jax.train import anchors as A
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
@@ -42,7 +43,7 @@ def test_anchors_and_masks_match_slow_reference(layout):
     anchors, keep, nvalid = A.sample_anchors(jax.random.key(1), jnp.asarray(lm), n)
     blk = A.build_blocks(dc, jnp.asarray(ids), jnp.asarray(lm), anchors, keep, nvalid)
     t, p = dc.block_size, dc.num_proposals
-    cm = np.asarray(A.context_mask(blk, t, s))
+    cm = np.asarray(Prefix(A.context_limit(blk, t)).dense(s))  # the mask the step's attention applies
     anchors, keep = np.asarray(anchors), np.asarray(keep)
     for i in range(b):
         cands = [q for q in range(s - 1) if lm[i, q] and lm[i, q + 1]]

@@ -132,8 +132,8 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
     tokens = np.zeros((batch, bucket), np.int32)
     tokens[:, :prompt_len] = rng.integers(10, tcfg.vocab_size, (batch, prompt_len))
     tokens, lens = jnp.asarray(tokens), jnp.full((batch,), prompt_len, jnp.int32)
-    jitted = {"ar.prefill": ar.prefill, "ar.step": ar.step, "sp.prefill": sp.prefill,
-              "sp.draft_step": getattr(sp, "draft_parts", sp.draft_step), "sp.verify_step": sp.verify_step}
+    jitted = {"ar.prefill": ar.prefill, "ar.step": ar.step, "sp.prefill": sp.prefill_jit,
+              "sp.draft_step": sp.draft_parts, "sp.verify_step": sp.verify_step}
 
     def compiled():
         try:  # private jax API
@@ -143,10 +143,12 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
 
     before = compiled()
     boxes = {}
+    # every timed call is reset to one round from the prompt: room for one round's tokens is enough
+    n = dcfg.num_proposals + 2
     for L in max_lens:
         cache, logits = ar.prefill(tcfg, tp, tokens, lens, max_len=L)
-        s = sp.prefill(sc, tp, dp, tokens, lens, jnp.full((batch,), 10 ** 6, jnp.int32), jnp.zeros((batch,)),
-                       jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=L, out_size=1024, max_rounds=8)
+        s = sp.prefill(sc, tp, dp, tokens, lens, jnp.full((batch,), n, jnp.int32), jnp.zeros((batch,)),
+                       jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=L, out_size=n)
         boxes[L] = {"cache": cache, "tok": jnp.argmax(logits, -1).astype(jnp.int32), "s": s}
 
     def reset(s):

@@ -179,13 +179,14 @@ def _decode_times(tcfg, dcfg, tp, dp, prompt, lens, max_len: int, repeats: int) 
     out["ar_step_ms"] = _median_ms(ar_step, repeats)
 
     # draft / verify / round (lengths reset each time so the context stays at `context`)
-    s0 = sp.prefill(sc, tp, dp, prompt, lens, jnp.full((batch,), 10 ** 6, jnp.int32), jnp.zeros((batch,)),
-                    jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=max_len, out_size=1024, max_rounds=8)
+    n = dcfg.num_proposals + 2  # every timed call is reset to one round from the prompt
+    s0 = sp.prefill(sc, tp, dp, prompt, lens, jnp.full((batch,), n, jnp.int32), jnp.zeros((batch,)),
+                    jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=max_len, out_size=n)
     box = {"s": s0}
 
     def reset(s):
         return s.replace(target_cache=s.target_cache.with_lengths(lens + 0), draft_cache=s.draft_cache.with_lengths(lens + 0),
-                         num_out=jnp.ones_like(s.num_out), rounds=jnp.zeros_like(s.rounds))
+                         num_out=jnp.ones_like(s.num_out), rounds=jnp.zeros_like(s.rounds), done=jnp.zeros_like(s.done))
 
     def draft():
         toks, q, box["s"] = sp.draft_step(sc, tp, dp, reset(box["s"]))

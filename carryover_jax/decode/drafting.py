@@ -2,8 +2,8 @@
 carried rejected rows), and turning backbone logits into proposals and the draft distributions q.
 
 The module (`models/drafter.py`) defines the params and the forward; this file holds the engine's
-use of it. Context rows enter the cache once, when they are committed (`append_context`), and are
-never transformed by the draft layers; carried rows live for one round only.
+use of it. Context rows enter the cache once, when they are committed (`fuse_rows`, then
+`append_rows`), and are never transformed by the draft layers; carried rows live for one round only.
 """
 
 from __future__ import annotations
@@ -29,12 +29,6 @@ def new_context_cache(cfg: DrafterConfig, batch: int, max_len: int) -> KVCache:
                          num_kv_heads=bc.layer_kv_heads(0), head_dim=bc.layer_head_dim(0), dtype=bc.numerics.cache)
 
 
-def append_context(cfg: DrafterConfig, params, cache: KVCache, features: Array, count: Array) -> KVCache:
-    """Project newly committed features [B, R, m·d] (first `count[b]` rows valid) into the cache at
-    slots `lengths .. lengths+R-1` (= their positions); lengths += count. Only new rows are projected."""
-    return append_rows(cfg, params, cache, fuse_rows(cfg, params, features), count)
-
-
 def fuse_rows(cfg: DrafterConfig, params, features: Array) -> Array:
     """Target features [B, R, m·d] -> fused rows [B, R, d] (`fc` + `hidden_norm`)."""
     return Drafter(cfg).apply({"params": params}, features, method=Drafter.fuse)
@@ -47,7 +41,9 @@ def mark_carried(cfg: DrafterConfig, params, fused: Array) -> Array:
 
 
 def append_rows(cfg: DrafterConfig, params, cache: KVCache, rows: Array, count: Array) -> KVCache:
-    """`append_context` for rows fused already ([B, R, d])."""
+    """Project newly committed fused rows [B, R, d] (`fuse_rows`; the first `count[b]` valid) into the
+    cache at slots `lengths .. lengths+R-1` (= their positions); lengths += count. Only new rows are
+    projected."""
     r = rows.shape[1]
     positions = cache.lengths[:, None] + jnp.arange(r)[None, :]
     ks, vs = Drafter(cfg).apply({"params": params}, rows, positions, method=Drafter.project)

@@ -21,10 +21,12 @@ import functools
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from carryover_jax.config import DrafterConfig, TargetConfig
 from carryover_jax.decode import drafting as D
 from carryover_jax.decode.sampling import is_stop, probs, sample
+from carryover_jax.errors import RequestError
 from carryover_jax.models.cache import KVCache
 from carryover_jax.models.drafter import frozen_from_target
 from carryover_jax.models.target import TargetLM, new_cache
@@ -66,13 +68,69 @@ class SpecState:
     stop_ids: Array  # [n_stop] padded with -1
     rng: Array
     rounds: Array  # [B] verification rounds per row
-    accepted: Array  # [B, R] accepted drafts per round (-1 = no round)
+    accepted: Array  # [B, R] accepted drafts per round (-1 = no round); R >= every row's rounds
+
+
+def cache_slots(P: int, prompt_len, max_new):
+    """Cache slots a row needs: its last verification starts at most at prompt + max_new - 2 (the
+    anchor, the last committed token, is not in the cache) and writes P + 1 slots."""
+    return prompt_len + max_new + P - 1
+
+
+def _host_ints(x, name: str) -> np.ndarray:
+    try:
+        return np.asarray(jax.device_get(x)).astype(np.int64).reshape(-1)
+    except jax.errors.TracerArrayConversionError:
+        raise RequestError(f"prefill checks {name} against the cache on the host: call it outside jax.jit") from None
+
+
+def check_request(sc: SpecConfig, tokens_shape, prompt_lens, max_new, *, max_len: int, out_size: int,
+                  max_rounds: int | None = None) -> int:
+    """Refuse, before anything compiles, a request whose writes would not fit its buffers: the cache
+    writes clamp (`dynamic_update_slice`), so a verify chunk past `max_len` would overwrite earlier
+    slots without a word. Returns the rounds buffer size: each round commits >= 1 token after the
+    prefill's first, so a row has at most min(max_new, out_size) - 1 rounds (`max_rounds` None: out_size)."""
+    b, bucket = tokens_shape
+    if out_size < 1:
+        raise RequestError(f"out_size must be >= 1, got {out_size}")
+    if bucket > max_len:
+        raise RequestError(f"the prompt bucket of {bucket} tokens is longer than the cache (max_len={max_len})")
+    lens, news = _host_ints(prompt_lens, "prompt_lens"), _host_ints(max_new, "max_new")
+    if lens.shape != (b,) or news.shape != (b,):
+        raise RequestError(f"prompt_lens and max_new need one value per row ({b}), got {lens.size} and {news.size}")
+    if lens.min() < 1 or lens.max() > bucket:
+        raise RequestError(f"prompt lengths must be in [1, {bucket}] (the padded prompt), got {lens.tolist()}")
+    if news.min() < 1:
+        raise RequestError(f"max_new must be >= 1 per row, got {news.tolist()}")
+    news = np.minimum(news, out_size)
+    need = cache_slots(sc.P, lens, news)
+    i = int(np.argmax(need))
+    if need[i] > max_len:
+        raise RequestError(
+            f"row {i}: prompt {lens[i]} + max_new {news[i]} + {sc.P} proposals - 1 needs {need[i]} cache slots, "
+            f"but max_len is {max_len}")
+    rounds = max(int(news.max()) - 1, 1)
+    if max_rounds is None:
+        return max(out_size, 1)
+    if max_rounds < rounds:
+        raise RequestError(f"max_rounds={max_rounds} cannot record {rounds} rounds (max_new {int(news.max())}: "
+                           "each round commits >= 1 token); leave it None to size it from out_size")
+    return max_rounds
+
+
+def prefill(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens, max_new, temperature, stop_ids, rng,
+            *, max_len: int, out_size: int, max_rounds: int | None = None) -> SpecState:
+    """Target prefill with feature taps, first token, and the drafter's context cache for the prompt.
+    The request is checked against the buffers first (`check_request`); `prefill_jit` is the jitted part."""
+    rounds = check_request(sc, tokens.shape, prompt_lens, max_new, max_len=max_len, out_size=out_size,
+                           max_rounds=max_rounds)
+    return prefill_jit(sc, target_params, draft_params, tokens, prompt_lens, max_new, temperature, stop_ids, rng,
+                       max_len=max_len, out_size=out_size, max_rounds=rounds)
 
 
 @functools.partial(jax.jit, static_argnames=("sc", "max_len", "out_size", "max_rounds"))
-def prefill(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens, max_new, temperature, stop_ids, rng,
-            *, max_len: int, out_size: int, max_rounds: int) -> SpecState:
-    """Target prefill with feature taps, first token, and the drafter's context cache for the prompt."""
+def prefill_jit(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens, max_new, temperature, stop_ids,
+                rng, *, max_len: int, out_size: int, max_rounds: int) -> SpecState:
     b = tokens.shape[0]
     max_new = jnp.minimum(max_new, out_size)  # the output buffer bounds every row (callers size it)
     cache = new_cache(sc.target, b, max_len)
@@ -188,7 +246,8 @@ def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals
     else:
         carried = s.carried
     rounds = s.rounds + active.astype(jnp.int32)
-    r_idx = jnp.minimum(s.rounds, s.accepted.shape[1] - 1)
+    # in bounds for every active row: prefill sized `accepted` for the most rounds a row can have
+    r_idx = jnp.where(active, s.rounds, 0)
     accepted = s.accepted.at[jnp.arange(b), r_idx].set(jnp.where(active, a, s.accepted[jnp.arange(b), r_idx]))
     return s.replace(
         target_cache=tcache, draft_cache=dcache, carried=carried,

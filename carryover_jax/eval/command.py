@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from carryover_jax import bounds as B
 from carryover_jax.decode.generate import check_sampling
 from carryover_jax.errors import CarryoverError
 from carryover_jax.loading import load_target
 from carryover_jax.numerics import Numerics
+from carryover_jax.paths import user_path
 
 
 def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
@@ -22,7 +24,7 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
     p.add_argument("--drafter", action="append", metavar="LABEL=DIR[:carryover]",
                    help="an arm of the comparison, e.g. --drafter baseline=DIR --drafter control=DIR "
                         "--drafter carryover=DIR:carryover; only ':carryover' arms attend to carried rows")
-    p.add_argument("--curve", default=None, metavar="RUN",
+    p.add_argument("--curve", default=None, metavar="RUN", type=user_path,
                    help="τ and speedup against training time: every drafter snapshot of the training run RUN "
                         "(train with snapshot_every) and its final drafter become arms; adds a table and curve.png")
     p.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench", "sharegpt"],
@@ -30,7 +32,7 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
     p.add_argument("--prompts-per-dataset", type=int, default=8, help="the first N prompts of each dataset that fit")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer prompts (after the chat template)")
     p.add_argument("--system", default=None, help="a system prompt (default: none is added)")
-    p.add_argument("--heldout-per-mille", type=int, default=None,
+    p.add_argument("--heldout-per-mille", type=B.arg(B.count(0, 1000)), default=None,
                    help="ShareGPT held-out split (default: the training default, DataConfig.heldout_per_mille)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -41,7 +43,7 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, default=None, help="KV cache length (default: fits each request)")
     p.add_argument("--timing-repeats", type=int, default=1,
                    help="time every call N times and keep the median (a busy machine); the tokens are the same")
-    p.add_argument("--mask-token-id", type=int, default=None,
+    p.add_argument("--mask-token-id", type=B.arg(B.count(0)), default=None,
                    help="the MASK row every drafter must use (default: the target's)")
     p.add_argument("--diagnostics", action="store_true",
                    help="also the ON/OFF replay (Carryover arms) and re-convergence of rejected branches, T = 0")
@@ -50,7 +52,7 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
                    help="re-render report.md and plots from a stored results.json (or its folder) into --out")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--out", required=True, help="output folder (written atomically)")
+    p.add_argument("--out", required=True, type=user_path, help="output folder (written atomically)")
     p.set_defaults(func=main)
     return p
 

@@ -80,15 +80,8 @@ def build_blocks(cfg: DrafterConfig, input_ids: Array, loss_mask: Array, anchors
 
 
 def context_limit(blocks: Blocks, block_size: int) -> Array:
-    """[B, N*T] int: `context_mask` as a per-query key limit (query of block n sees context s < limit;
-    0 for unused slots), the [N*T, S] mask never built (`layers.Prefix`; the fused kernel computes it)."""
+    """[B, N*T] int: a block's queries see the context positions strictly before its anchor, as a
+    per-query key limit (0 for unused slots); the [N*T, S] mask is never built (`layers.Prefix`; the
+    fused kernel computes it)."""
     return jnp.repeat(jnp.where(blocks.keep, blocks.anchors, 0), block_size, axis=1).astype(jnp.int32)
-
-
-def context_mask(blocks: Blocks, block_size: int, seq_len: int) -> Array:
-    """[B, N*T, S]: a block's queries see context positions strictly before its anchor. The dense form of
-    `context_limit` (what the step uses), kept as the reference the tests check it against."""
-    a = jnp.repeat(blocks.anchors, block_size, axis=1)  # [B, N*T]
-    k = jnp.repeat(blocks.keep, block_size, axis=1)
-    return (jnp.arange(seq_len)[None, None, :] < a[:, :, None]) & k[:, :, None]
 

@@ -22,6 +22,17 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
     recs = [json.loads(l) for l in metrics_lines_upto(path, 1 << 62)] if path.exists() else []
     if not recs:
         raise CarryoverError(f"{path} has no metrics to plot")
+    fig = metrics_figure(recs)
+    out = Path(out) if out else run_dir / "metrics.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def metrics_figure(recs: list[dict]):
+    """The figure of `plot_metrics` for metric records (one dict per logged step)."""
+    import matplotlib.pyplot as plt
+
     steps = [r["step"] for r in recs]
     dvd = "draft1/tau" in recs[0]
     fig, axes = plt.subplots(1, 4 if dvd else 3, figsize=(20 if dvd else 15, 4))
@@ -36,11 +47,14 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
             axes[1].plot(steps, [r[key] for r in recs], label=label)
     axes[1].set_title("tau")
     axes[1].legend()
-    key = "accept_rate@slot" if "accept_rate@slot" in recs[0] else "top1_acc@slot"
+    # a DVD run that logged draft 2 with the carried rows withheld compares per-slot top-1 accuracy,
+    # the metric logged both ways; otherwise the per-slot accept rate
+    off = recs[-1].get("off/top1_acc@slot")
+    key = "top1_acc@slot" if off is not None or "accept_rate@slot" not in recs[-1] else "accept_rate@slot"
     last = recs[-1][key]
-    axes[2].bar(range(len(last)), last, label="carried" if dvd else None)
-    if "off/top1_acc@slot" in recs[-1] and key == "top1_acc@slot":
-        axes[2].plot(range(len(last)), recs[-1]["off/top1_acc@slot"], "k.", label="withheld")
+    axes[2].bar(range(len(last)), last, label="carried rows supplied" if off is not None else None)
+    if off is not None:
+        axes[2].plot(range(len(off)), off, "k.", label="carried rows withheld")
         axes[2].legend()
     axes[2].set_title(f"{key} at step {steps[-1]}")
     axes[2].set_xlabel("proposal slot")
@@ -52,7 +66,4 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
     for ax in axes[:2]:
         ax.set_xlabel("step")
     fig.tight_layout()
-    out = Path(out) if out else run_dir / "metrics.png"
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig

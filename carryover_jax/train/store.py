@@ -49,7 +49,8 @@ _ROWS = {"features": "feature_dim", "last_hidden": "hidden"}
 
 
 def _spec(folder: Path, name: str) -> dict:
-    return {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(folder / name)}}
+    # absolute: tensorstore refuses a path with a `..` component (API callers may pass one)
+    return {"driver": "zarr3", "kvstore": {"driver": "file", "path": os.path.abspath(folder / name)}}
 
 
 def _create_array(folder: Path, name: str, dtype: str, row: Sequence[int], chunk_rows: int, compress: bool):
