@@ -1,17 +1,61 @@
+import glob
+import importlib.util
 import os
 
-# Before JAX starts: 8 CPU devices for sharding tests, and no GPU probing in CI.
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+def _accelerator_platform() -> str | None:
+    """The accelerator platform jax can use on this machine (an NVIDIA device node and a CUDA plugin),
+    found without initialising jax; None on a machine without one (no probing there)."""
+    if glob.glob("/dev/nvidia[0-9]*") and any(importlib.util.find_spec(m) for m in (
+            "jax_cuda12_plugin", "jax_cuda13_plugin")):
+        return "cuda"
+    return None
+
+
+# Before JAX starts. CPU is the default backend everywhere (8 host devices for the sharding tests; the
+# parity tests compare float32 CPU numerics with torch); where an accelerator is present its platform is
+# initialised too, not excluded, and the tests marked `gpu` run on it explicitly (`accelerator`
+# fixture). A JAX_PLATFORMS set by the caller is kept as given.
+ACCELERATOR = _accelerator_platform()
+os.environ.setdefault("JAX_PLATFORMS", "cpu" + (f",{ACCELERATOR}" if ACCELERATOR else ""))
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import jax  # noqa: E402
-
-jax.config.update("jax_platforms", "cpu")
-
 import pytest  # noqa: E402
 
 from tests.hf_models import tiny_hf_model  # noqa: E402
+
+
+def _accelerator_devices() -> list:
+    """The devices of the first non-CPU platform jax was asked to initialise (none asked: none, and jax's
+    backends are not touched, so collection on a CPU machine initialises nothing)."""
+    for platform in [p for p in os.environ.get("JAX_PLATFORMS", "").split(",") if p and p != "cpu"]:
+        try:
+            return jax.devices(platform)
+        except Exception:  # noqa: BLE001 - a platform that failed to initialise is no accelerator
+            continue
+    return []
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need an accelerator: skipped (with the reason) where jax has none."""
+    gpu_items = [i for i in items if i.get_closest_marker("gpu")]
+    if gpu_items and not _accelerator_devices():
+        skip = pytest.mark.skip(reason="needs an accelerator: jax has no GPU/TPU device here")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def accelerator():
+    """The first accelerator device, made the default device for the test (jit runs there; arrays
+    created inside are placed there)."""
+    devices = _accelerator_devices()
+    if not devices:
+        pytest.skip("needs an accelerator")
+    with jax.default_device(devices[0]):
+        yield devices[0]
 
 
 @pytest.fixture(scope="session")
