@@ -9,7 +9,7 @@ Why these sizes: on this CPU verifying 8 rows costs ~1.6 AR steps (README, `carr
 drafter's own cost grows with P and with the vocabulary it scores. With 3 proposals and K = 8,192 a round
 costs τ ÷ speedup ≈ 1.4 AR steps, against ~2.0 for 7 proposals over the full 49,152-token head, so the
 drafter pays for itself from τ ≈ 1.4. What got it there (docs/experiments/regenerated-2k-kl/): 2.2x
-the regenerated data of session 5 (1,000 -> 2,231 conversations) and the KL term (+2% held-out τ at
+the regenerated data of the previous default (1,000 -> 2,231 conversations) and the KL term (+2% held-out τ at
 equal steps, docs/experiments/kl-distillation/); on 1,000 conversations τ rose only from 1.29 to 1.31
 over the last 300 of 1,200 steps. 64 anchors of 4-token blocks cost what 32 anchors of 8 did. Feature
 layers follow the z-lab spacing for 30 layers: (1, 8, 14, 20, 27).
