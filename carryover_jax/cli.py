@@ -128,16 +128,22 @@ def _cmd_init_drafter(args) -> int:
 def _cmd_export(args) -> int:
     from carryover_jax.loading import load_drafter, load_target
     from carryover_jax.models.drafter import frozen_from_target
-    from carryover_jax.weights.drafter_formats import export_drafter
+    from carryover_jax.weights.drafter_formats import DEEPSPEC_DEFAULT_ANCHORS, export_drafter, recorded_num_anchors
 
     frozen = None
     target = None
+    anchors = None
     if args.format == "deepspec":
         target = load_target(args.target, tokenizer=False)
         frozen = frozen_from_target(target.params, target.cfg)
+        found = recorded_num_anchors(args.drafter)
+        anchors = found[0] if found else None
+        print(f"export: num_anchors {found[0]} (from {found[1]})" if found else
+              f"export: num_anchors {DEEPSPEC_DEFAULT_ANCHORS} is DeepSpec's default: this drafter's training anchors "
+              "are not recorded (no train_config.json beside it)", file=sys.stderr)
     d = load_drafter(args.drafter, target=target)
     print(export_drafter(d.cfg, d.params, args.out, args.format, frozen=frozen,
-                         dtype=None if args.dtype == "keep" else args.dtype))
+                         dtype=None if args.dtype == "keep" else args.dtype, num_anchors=anchors))
     return 0
 
 

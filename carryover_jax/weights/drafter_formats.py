@@ -105,7 +105,34 @@ def _carryover_field(cfg: DrafterConfig) -> dict:
     }
 
 
-def export_config(cfg: DrafterConfig, fmt: str) -> dict:
+# DeepSpec's config carries its training anchors per sequence (`num_anchors`, a training setting that
+# inference ignores); 512 is DeepSpec's default, written when the drafter's own value is not recorded.
+DEEPSPEC_DEFAULT_ANCHORS = 512
+
+
+def recorded_num_anchors(folder: str | os.PathLike) -> tuple[int, str] | None:
+    """(anchors per sequence the drafter in `folder` was trained with, where that was read) when
+    recorded: a DeepSpec folder's own config.json, or the `train_config.json` of the training run that
+    wrote it (`<run>/drafter`, `<run>/snapshots/step_N`); None otherwise."""
+    folder = Path(folder)
+    candidates = [folder / "config.json"]
+    if folder.name == "drafter":
+        candidates.append(folder.parent / "train_config.json")
+    if folder.parent.name == "snapshots":
+        candidates.append(folder.parent.parent / "train_config.json")
+    for path in candidates:
+        try:
+            n = json.loads(path.read_text()).get("num_anchors")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+            return n, str(path)
+    return None
+
+
+def export_config(cfg: DrafterConfig, fmt: str, num_anchors: int | None = None) -> dict:
+    """The export's config.json; `num_anchors`: the training anchors per sequence (DeepSpec's field),
+    None when not known (DeepSpec's default is written and a `num_anchors_note` says so)."""
     if cfg.draft_vocab:
         raise ConfigError(f"the {fmt} format has no draft vocabulary (this drafter proposes from "
                           f"{len(cfg.draft_vocab)} target tokens through its own lm_head); keep the native folder")
@@ -134,9 +161,14 @@ def export_config(cfg: DrafterConfig, fmt: str) -> dict:
         out.update(
             architectures=["Gemma4DSparkModel" if cfg.backbone.family == "gemma4" else "Qwen3DSparkModel"],
             target_layer_ids=list(cfg.target_layer_ids),
-            mask_token_id=cfg.mask_token_id, num_anchors=512, enable_confidence_head=False,
-            confidence_head_with_markov=False, markov_rank=cfg.markov_rank, markov_head_type="vanilla",
+            mask_token_id=cfg.mask_token_id, num_anchors=num_anchors or DEEPSPEC_DEFAULT_ANCHORS,
+            enable_confidence_head=False, confidence_head_with_markov=False, markov_rank=cfg.markov_rank,
+            markov_head_type="vanilla",
         )
+        if num_anchors is None:
+            out["num_anchors_note"] = (f"{DEEPSPEC_DEFAULT_ANCHORS} is DeepSpec's default: the anchors per sequence "
+                                       "this drafter was trained with are not recorded (a training setting; "
+                                       "inference does not read it)")
     else:
         raise ConfigError(f"unknown export format {fmt!r}; supported: zlab, deepspec")
     if cfg.carryover:
@@ -167,13 +199,14 @@ def is_drafter_folder(folder: Path) -> bool:
 
 
 def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: str, *, frozen=None,
-                   dtype: Any = "bfloat16") -> Path:
+                   dtype: Any = "bfloat16", num_anchors: int | None = None) -> Path:
     """Write `params` as a PyTorch checkpoint in format `fmt` ("zlab" | "deepspec"), atomically.
 
     `frozen` (target embedding/head, see `frozen_from_target`) is required for deepspec, which stores
-    copies of them. `dtype` None keeps the params' dtype (tests use float32).
+    copies of them. `dtype` None keeps the params' dtype (tests use float32). `num_anchors`: the
+    training anchors per sequence DeepSpec's config records (`recorded_num_anchors`), None if unknown.
     """
-    config = export_config(cfg, fmt)
+    config = export_config(cfg, fmt, num_anchors)
     np_dtype = None if dtype is None else np.dtype(jax.numpy.dtype(dtype))
     tensors = to_tensors(params, drafter_hf_name, np_dtype)
     e_rej = tensors.pop(CARRYOVER_TENSOR, None)
