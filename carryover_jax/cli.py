@@ -247,11 +247,13 @@ def _cmd_bench(args) -> int:
         from carryover_jax.bench import steps as bench_steps
         from carryover_jax.config import preset
 
-        tcfg = preset(args.preset)
-        over = {"dtype": args.dtype or "bfloat16", "param_dtype": args.dtype or "bfloat16"}
+        spec = _numerics(args)  # this platform's numerics, bf16 unless --dtype / --param-dtype say otherwise
+        if spec.dtype is None and spec.param_dtype is None:
+            spec = spec.replace(dtype="bfloat16")
+        tcfg = preset(args.preset).with_numerics(spec.resolve())
         if args.layers:
-            over["num_layers"] = args.layers
-        result = bench_steps.run(tcfg.replace(**over), kind=args.kind, layout=args.layout,
+            tcfg = tcfg.replace(num_layers=args.layers)
+        result = bench_steps.run(tcfg, kind=args.kind, layout=args.layout,
                                  proposals=args.proposals, draft_layers=args.draft_layers, batch=args.batch,
                                  context=args.context, train_batch=args.train_batch, train_len=args.train_len,
                                  anchors=args.anchors, backends=tuple(args.backend or ["einsum"]))

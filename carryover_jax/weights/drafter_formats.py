@@ -65,10 +65,10 @@ def drafter_config_from_dict(d: dict) -> DrafterConfig:
     d = dict(d)
     version = d.pop("config_version", 1)
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= DRAFTER_CONFIG_VERSION:
-        raise CheckpointError(f"drafter config version {version!r} is not one this carryover-jax reads "
+        raise ConfigError(f"drafter config version {version!r} is not one this carryover-jax reads "
                               f"(1..{DRAFTER_CONFIG_VERSION}; a newer version needs a newer carryover-jax)")
     if not isinstance(d["backbone"], dict):
-        raise CheckpointError("\"backbone\" must be an object")
+        raise ConfigError("\"backbone\" must be an object")
     backbone = dict(d["backbone"])
     for k in (*LEGACY_NUMERICS_FIELDS, "numerics"):  # v1: the run's numerics, a runtime choice now
         backbone.pop(k, None)
