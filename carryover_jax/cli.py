@@ -363,15 +363,17 @@ def build_parser() -> argparse.ArgumentParser:
         _add_numerics_args(t)  # = --set numerics.<field>=...
         t.set_defaults(func=fn)
 
-    pp = sub.add_parser("pipeline", help="the main job in one resumable run: prepare -> baseline -> control and "
-                        "DVD continuations -> eval -> report (Markdown + JSON + PNG) in --out")
+    pp = sub.add_parser("pipeline", help="the main job in one resumable run: prepare -> baseline -> its curve -> "
+                        "DVD and its equal-steps and equal-compute controls -> eval -> report (Markdown + JSON + "
+                        "PNG) in --out")
     pp.add_argument("--config", default="smollm2", type=name_or_path, help="tiny | smollm2 | qwen3_4b | path/to/config.py")
     pp.add_argument("--preset", choices=["quick", "full"], default="quick",
                     help="quick: a complete small report (~15 min on 2 CPU cores); full: the config's sizes")
     pp.add_argument("--out", default=None, type=user_path, help="output folder (default: runs/pipeline-<config>-<preset>)")
     pp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field of every training stage")
     pp.add_argument("--continue-set", action="append", metavar="KEY=VALUE",
-                    help="override a field of the control and DVD continuations only, e.g. --continue-set steps=50")
+                    help="override a field of the control and DVD continuations only, e.g. --continue-set steps=50 "
+                         "(the equal-compute control's steps follow from DVD's)")
     pp.add_argument("--quiet", action="store_true", help="no progress bars")
     pp.set_defaults(func=_cmd_pipeline)
 

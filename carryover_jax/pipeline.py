@@ -1,8 +1,10 @@
 """`carryover pipeline`: the main job as one resumable run into one folder.
 
 prepare (target-regenerated responses) -> baseline training -> the baseline's τ/speed curve (its snapshots
-at T = 0, batch 1) -> two continuations from the same baseline drafter (the equal-compute control and
-Carryover DVD) -> eval of all arms side by side -> report.
+at T = 0, batch 1, decoded on the eval prompts, and their exact offline τ on many more rollouts) -> three
+continuations from the same baseline drafter (Carryover DVD and its two controls without carried rows:
+`control` for DVD's steps, `control_compute` for as many steps as DVD's training compute buys, measured on
+this machine; `train/compute_match.py`) -> eval of all arms side by side -> report.
 
 Every stage writes `<out>/<stage>/stage.json` when it finishes; a rerun skips finished stages, and a
 stage that was killed resumes inside itself (prepare and training resume from their stores and
@@ -13,6 +15,7 @@ different settings is refused instead of mixing two runs in one folder.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import sys
 import time
@@ -20,9 +23,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from carryover_jax.config import TrainConfig, apply_overrides
-from carryover_jax.configs import load_config
+from carryover_jax.configs import ComputeMatched, load_config
 from carryover_jax.errors import ConfigError
-from carryover_jax.eval.curve import curve_rows, snapshot_arms
+from carryover_jax.eval.curve import curve_rows, offline_tau_by_step, snapshot_arms
+from carryover_jax.eval.offline import evaluate_offline
 from carryover_jax.eval.report import render_curve
 from carryover_jax.eval.run import evaluate, load_result, write_outputs
 from carryover_jax.io import atomic_write_json
@@ -40,24 +44,34 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval": {"datasets": ["sharegpt", "humaneval", "mtbench"], "prompts_per_dataset": 2, "max_new_tokens": 32,
                  "max_prompt_tokens": 256, "temperatures": [0.0], "seeds": 1, "batch_sizes": [1, 2], "max_len": 512,
                  "diagnostics": True, "diagnostic_prompts": 1},
+        "curve_offline": {"prompts_per_dataset": 4},
     },
-    # the reference run of docs/ (~2 h on 2 CPU cores): the config as it stands (configs/smollm2.py: 2,304
-    # prompts, 2,400 baseline + 360 continuation steps)
+    # the reference run of docs/ (~3 h on 2 CPU cores): the config as it stands (configs/smollm2.py: 2,304
+    # prompts, 2,400 baseline + 360 continuation steps; the equal-compute control ~3x that). Eval size: the
+    # reference run's per-prompt paired differences (docs/reference-run/eval/results.json, 15 prompts
+    # x 64 tokens, T = 0) give Carryover vs control a 95% half-width of ±2.2% on τ and ±3.6% on speedup; the
+    # half-width shrinks as 1/sqrt(prompts), so 30 prompts give ~±1.5% and ~±2.5% (<= ±3% with a margin for
+    # the noisy 15-prompt variance estimate). Cost: that eval took 12.5 min for 4 arms; 30 prompts and 5
+    # arms ~30 min (more tokens per prompt would cut the within-prompt noise only).
     "full": {
         "train": {},
         "continue": {},
-        "eval": {"datasets": ["sharegpt", "humaneval", "mtbench"], "prompts_per_dataset": 5, "max_new_tokens": 64,
+        "eval": {"datasets": ["sharegpt", "humaneval", "mtbench"], "prompts_per_dataset": 10, "max_new_tokens": 64,
                  "temperatures": [0.0, 1.0], "seeds": 2, "batch_sizes": [1, 4], "max_len": 1024,
                  "diagnostics": True, "diagnostic_prompts": 1},
+        # the baseline's snapshots scored offline (exact greedy τ, no decoding) on 64 rollouts per dataset
+        # (192; the decoded curve has the eval's 30): ~10 min, most of it recording the rollouts once
+        "curve_offline": {"prompts_per_dataset": 64},
     },
 }
 
 
 def stage_configs(config: str, out: Path, *, preset: str, overrides: list[str] = (),
                   continue_overrides: list[str] = ()) -> dict[str, TrainConfig]:
-    """The baseline, control and DVD TrainConfigs of a pipeline rooted at `out`. Continuation settings
-    (steps, lr, ...) come from the config's `STAGES["dvd"]` where it defines one, else 30% of the
-    baseline steps; control and DVD differ only in `mode`."""
+    """The baseline, control and DVD TrainConfigs of a pipeline rooted at `out`, and the equal-compute
+    control (`ComputeMatched`: its steps are measured when the stage runs). Continuation settings (steps,
+    lr, ...) come from the config's `STAGES["dvd"]` where it defines one, else 30% of the baseline steps;
+    control and DVD differ only in `mode`."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
     p = PRESETS[preset]
@@ -76,6 +90,7 @@ def stage_configs(config: str, out: Path, *, preset: str, overrides: list[str] =
                          out_dir=str(out / mode), **cont)
         sets = [f"{k}={v!r}" for k, v in p["continue"].items()] + list(continue_overrides)
         cfgs[mode] = apply_overrides(c, sets)
+    cfgs["control_compute"] = ComputeMatched(cfgs["control"], cfgs["dvd"], str(out / "control_compute"))
     return cfgs
 
 
@@ -92,8 +107,8 @@ def _finish(out: Path, stage: str, info: dict) -> dict:
 
 def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, preset: str = "quick",
                  overrides: list[str] = (), continue_overrides: list[str] = (), eval_overrides: dict | None = None,
-                 progress: bool = True, log: Callable[[str], None] | None = None,
-                 stop_after: str | None = None) -> dict[str, Any]:
+                 curve_overrides: dict | None = None, progress: bool = True,
+                 log: Callable[[str], None] | None = None, stop_after: str | None = None) -> dict[str, Any]:
     """Run (or resume) every stage; returns the report dict. `stop_after` ends the run after that stage
     (tests of resumption)."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -102,7 +117,8 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
     cfgs = stage_configs(config, out, preset=preset, overrides=list(overrides),
                          continue_overrides=list(continue_overrides))
     ev = {**PRESETS[preset]["eval"], **(eval_overrides or {})}
-    plan = {"config": config, "preset": preset, "eval": ev,
+    co = {**PRESETS[preset].get("curve_offline", {}), **(curve_overrides or {})}
+    plan = {"config": config, "preset": preset, "eval": ev, "curve_offline": co,
             "stages": {k: dataclasses.asdict(v) for k, v in cfgs.items()}}
     plan_file = out / "pipeline.json"
     if plan_file.is_file():
@@ -157,19 +173,38 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
             return {"skipped": "the baseline wrote no snapshots (snapshot_every)", "rows": []}
         kw = {k: v for k, v in ev.items() if k not in ("temperatures", "seeds", "batch_sizes", "diagnostics",
                                                        "diagnostic_prompts")}
-        result = evaluate(get_target(), snapshot_arms(run), temperatures=[0.0], seeds=1, batch_sizes=[],
+        arms = snapshot_arms(run)
+        # the exact offline τ of every snapshot on many more rollouts (recorded once, `<out>/rollouts`)
+        accepted = inspect.signature(evaluate_offline).parameters
+        okw = {k: v for k, v in {**kw, **co}.items() if k in accepted}  # eval settings that apply, then its own
+        offline = evaluate_offline(get_target(), arms, temperatures=[0.0], seeds=1, rollouts=out / "rollouts",
+                                   out=out / "curve" / "offline", progress=progress, log=log, **okw)
+        result = evaluate(get_target(), arms, temperatures=[0.0], seeds=1, batch_sizes=[],
                           progress=progress, log=log, **kw)
-        result["curve"] = curve_rows(result, run)
+        result["curve"] = curve_rows(result, run, offline=offline)
         write_outputs(result, out / "curve" / "result")
-        return {"folder": str(out / "curve" / "result"), "rows": result["curve"]}
+        n = sum(offline["config"]["datasets"].values())
+        return {"folder": str(out / "curve" / "result"), "offline_folder": str(out / "curve" / "offline"),
+                "offline_rollouts": n, "rows": result["curve"]}
 
-    for name in ("baseline", "curve", "control", "dvd"):
-        results[name] = stage(name, run_curve if name == "curve" else lambda name=name: run_train(name))
+    def run_control_compute():
+        cfg = cfgs["control_compute"].resolve(log=log)  # the step times: probed once, kept in probe.json
+        summary = train(cfg, progress=progress)
+        if not summary.get("finished"):
+            raise ConfigError("stage control_compute did not finish")
+        probe = json.loads((Path(cfg.out_dir) / "probe.json").read_text())
+        return {**summary, "final_metrics": _last_metrics(Path(cfg.out_dir)),
+                "probe": {k: probe[k] for k in ("dvd_s", "control_s", "ratio", "steps_timed", "rule")}}
+
+    for name in ("baseline", "curve", "control", "dvd", "control_compute"):
+        fn = {"curve": run_curve, "control_compute": run_control_compute}.get(name, lambda name=name: run_train(name))
+        results[name] = stage(name, fn)
         if should_stop(name):
             return results
 
     def run_eval():
-        arms = [f"baseline={out / 'baseline' / 'drafter'}", f"control={out / 'control' / 'drafter'}",
+        arms = [f"baseline={out / 'baseline' / 'drafter'}", f"control-steps={out / 'control' / 'drafter'}",
+                f"control-compute={out / 'control_compute' / 'drafter'}",
                 f"carryover={out / 'dvd' / 'drafter'}:carryover", f"dvd-nocarry={out / 'dvd' / 'drafter'}"]
         evaluate(get_target(), arms, out=out / "eval" / "result", progress=progress, log=log, **ev)
         return {"folder": str(out / "eval" / "result")}
@@ -189,9 +224,12 @@ def _last_metrics(run_dir: Path) -> dict:
 def _curve_section(curve: dict | None) -> list[str]:
     if not curve or not curve.get("rows"):
         return []
+    n = curve.get("offline_rollouts")
+    off = (f" The offline τ is the exact greedy τ of the same snapshots on {n} held-out rollouts of the target "
+           "(`carryover eval --offline`, `curve/offline/`)." if n else "")
     return ["## The baseline's τ and speed against training time", "",
             "Its snapshots decoded at T = 0, batch 1, on the eval prompts (speedup over AR timed in the same run; "
-            "`curve/result/curve.png`):", "", *render_curve(curve["rows"]), ""]
+            f"`curve/result/curve.png`).{off}", "", *render_curve(curve["rows"]), ""]
 
 
 def write_report(out: Path, results: dict) -> dict:
@@ -200,26 +238,41 @@ def write_report(out: Path, results: dict) -> dict:
     ev = load_result(out / "eval" / "result")
     eval_md = (out / "eval" / "result" / "report.md").read_text()
     rows = []
-    for name in ("baseline", "control", "dvd"):
-        r = results[name]
+    names = {"baseline": "baseline", "control": "control (equal steps)", "control_compute": "control (equal compute)",
+             "dvd": "dvd (Carryover)"}
+    for name in ("baseline", "control", "control_compute", "dvd"):
+        r = results.get(name)
+        if r is None:
+            continue
         m = r.get("final_metrics", {})
         cells = [f"{m[k]:.3f}" if k in m else "-" for k in ("loss", "tau_estimate", "draft1/tau", "off/tau_estimate")]
-        rows.append(f"| {name} | {r.get('steps', '-')} | {r.get('seconds', 0) / 60:.1f} | " + " | ".join(cells) + " |")
+        rows.append(f"| {names[name]} | {r.get('steps', '-')} | {r.get('seconds', 0) / 60:.1f} | "
+                    + " | ".join(cells) + " |")
+    probe = results.get("control_compute", {}).get("probe")
+    rule = ([f"The equal-compute control's steps: {probe['rule']}. Measured here: a DVD step {probe['dvd_s']:.2f} s, "
+             f"a control step {probe['control_s']:.2f} s (x{probe['ratio']:.2f}, medians of {probe['steps_timed']} "
+             "alternating steps), so the control trains "
+             f"{results['control_compute'].get('steps', '?')} steps for DVD's {results['dvd'].get('steps', '?')}; "
+             "it sees DVD's batches for the steps they share, then the ones that follow in the same order.", ""]
+            if probe else [])
     prep = results["prepare"]
     md = [
         "# carryover pipeline report", "",
         f"Data: {prep.get('records', '?')} target-regenerated conversations, {prep.get('tokens', '?')} tokens "
-        f"({prep.get('seconds', 0) / 60:.1f} min). Training stages (the last logged metrics; control and dvd "
-        "continue the same baseline drafter for the same steps on the same batches and anchors; they differ only "
-        "in the carried rows):", "",
+        f"({prep.get('seconds', 0) / 60:.1f} min). Training stages (the last logged metrics; the controls and dvd "
+        "continue the same baseline drafter on the same batches and anchors; the equal-steps control differs from "
+        "dvd only in the carried rows, the equal-compute control also in its step count):", "",
         "| stage | steps | minutes | loss | τ estimate (teacher forced) | draft-1 τ (greedy, DVD step) "
-        "| τ estimate, carried withheld |", "|---|---|---|---|---|---|---|", *rows, "",
-        "Training curves: `baseline/metrics.png`, `control/metrics.png`, `dvd/metrics.png`.", "",
+        "| τ estimate, carried withheld |", "|---|---|---|---|---|---|---|", *rows, "", *rule,
+        "Training curves: `baseline/metrics.png`, `control/metrics.png`, `control_compute/metrics.png`, "
+        "`dvd/metrics.png`.", "",
         *_curve_section(results.get("curve")),
         "## Decoding (carryover eval)", "",
-        "Arms: `baseline` (the starting drafter), `control` (equal-compute continuation), `carryover` (the DVD "
+        "Arms: `baseline` (the starting drafter), `control-steps` (the continuation without carried rows for DVD's "
+        "steps), `control-compute` (the same for as many steps as DVD's training time buys), `carryover` (the DVD "
         "drafter decoding with carried rows), `dvd-nocarry` (the same DVD drafter with carried rows withheld: "
-        "what DVD training did apart from Carryover).", "",
+        "what DVD training did apart from Carryover). Read Carryover against both controls in the paired "
+        "comparisons.", "",
         eval_md,
     ]
     (out / "report.md").write_text("\n".join(md))

@@ -4,39 +4,64 @@
 
 - `tiny`: seconds-long smoke run of the whole pipeline (tests, CI).
 - `smollm2`: the embedded default on this CPU (SmolLM2-135M-Instruct from PyPI, ShareGPT prompts).
+- `smollm2_gpu`: the same target on one GPU with ~30x the data and the paper's 15 proposals (`--preset gpu`).
 - `qwen3_4b`: the paper's Qwen3-4B settings (Table 4), for a GPU pod.
 - `gemma4_12b`: the paper's Gemma 4 12B settings (DeepSpec's Gemma 4 DSpark: feature layers 5, 17, 29, 41, 46).
 
-Stages: `smollm2:dvd` / `smollm2:control` (and the same for `qwen3_4b`, `tiny`) continue the baseline
-drafter of CONFIG with DVD training and with its equal-compute control (same steps, data order and
-anchors, no carried rows), each into its own out_dir.
+Stages: `smollm2:dvd` / `smollm2:control` / `smollm2:control_compute` (and the same for `qwen3_4b`, `tiny`)
+continue the baseline drafter of CONFIG with DVD training and with its two controls (no carried rows, same
+data order and anchors): `control` for DVD's steps (equal steps), `control_compute` for as many steps as
+DVD's training compute buys (equal compute: step times measured on this machine by a short probe the
+first time the stage is loaded, kept in its out_dir's `probe.json`; `carryover_jax/train/compute_match.py`
+states the rule), each into its own out_dir.
 
 This folder is installed as `carryover_jax.configs` (pyproject.toml maps it into the package).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
+from typing import Any, Callable
 
 from carryover_jax.errors import ConfigError
 
-NAMES = ("tiny", "smollm2", "qwen3_4b", "gemma4_12b")
+NAMES = ("tiny", "smollm2", "smollm2_gpu", "qwen3_4b", "gemma4_12b")
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeMatched:
+    """A stage whose step count is measured, not written: `control` trained for as many steps as `dvd`'s
+    training compute buys (`train/compute_match.py`). `resolve()` probes the two step times once and keeps
+    them in `<out_dir>/probe.json`, so a resumed or repeated stage trains the same number of steps."""
+
+    control: Any  # TrainConfig (mode="control")
+    dvd: Any  # TrainConfig (mode="dvd")
+    out_dir: str
+
+    def resolve(self, probe: Callable | None = None, log: Callable[[str], None] | None = None):
+        from carryover_jax.train.compute_match import resolve_compute_control
+
+        return resolve_compute_control(self.control, self.dvd, self.out_dir, probe=probe, log=log)
 
 
 def continuation_stages(config, **cont) -> dict:
-    """STAGES for a config: DVD training and its equal-compute control, both continuing CONFIG's own
-    final drafter with the settings `cont` (steps or epochs, lr, ...), into `<out_dir>/../dvd` and
-    `<out_dir>/../control`; the two differ only in `mode`."""
+    """STAGES for a config: DVD training and its two controls, all continuing CONFIG's own final drafter
+    with the settings `cont` (steps or epochs, lr, ...), into `<out_dir>/../dvd`, `<out_dir>/../control`
+    (equal steps; differs from DVD only in `mode`) and `<out_dir>/../control_compute` (equal compute)."""
     root = Path(config.out_dir).parent
-    return {mode: config.replace(name=f"{config.name}-{mode}", mode=mode, init_from=f"{config.out_dir}/drafter",
-                                 out_dir=str(root / mode), **cont) for mode in ("dvd", "control")}
+    stages = {mode: config.replace(name=f"{config.name}-{mode}", mode=mode, init_from=f"{config.out_dir}/drafter",
+                                   out_dir=str(root / mode), **cont) for mode in ("dvd", "control")}
+    stages["control_compute"] = ComputeMatched(stages["control"], stages["dvd"], str(root / "control_compute"))
+    return stages
 
 
 def load_config(name_or_path: str):
     """A config module name from this package or a path to a Python file defining CONFIG; `NAME:STAGE`
-    picks a later training stage the module defines in STAGES (e.g. `smollm2:dvd`, `smollm2:control`:
-    DVD and its equal-compute control, both continuing the baseline drafter)."""
+    picks a later training stage the module defines in STAGES (e.g. `smollm2:dvd`, `smollm2:control`,
+    `smollm2:control_compute`: DVD and its equal-steps and equal-compute controls, all continuing the
+    baseline drafter). A `ComputeMatched` stage is resolved here (its step times probed once)."""
     name_or_path, _, stage = name_or_path.partition(":")
     path = Path(name_or_path)
     if name_or_path in NAMES:
@@ -55,5 +80,6 @@ def load_config(name_or_path: str):
         stages = getattr(module, "STAGES", {})
         if stage not in stages:
             raise ConfigError(f"config {path} has no stage {stage!r} (stages: {', '.join(stages) or 'none'})")
-        return stages[stage]
+        picked = stages[stage]
+        return picked.resolve() if isinstance(picked, ComputeMatched) else picked
     return module.CONFIG

@@ -40,8 +40,10 @@ CONFIG = TrainConfig(
     snapshot_every=600,
 )
 
-# The continuation stage: from the finished baseline drafter, DVD training (Carryover) and the equal-compute
+# The continuation stage: from the finished baseline drafter, DVD training (Carryover) and the equal-steps
 # control, each for 15% of the baseline's steps (the paper: 10 epochs, then +3; DVD runs the target online,
-# ~3-7 s a step here, so 30% would not fit the full preset's ~2 h), same seed so both see the
-# same batches and anchors. `carryover train --config smollm2:dvd` / `--config smollm2:control`.
+# ~3-7 s a step here, so 30% would not fit the full preset), same seed so both see the same batches and
+# anchors; and the equal-compute control, the same continuation for as many steps as DVD's measured step
+# time buys (~3x: `train/compute_match.py`). `carryover train --config smollm2:dvd` / `smollm2:control` /
+# `smollm2:control_compute`. (The full preset's eval size is set in carryover_jax/pipeline.py PRESETS.)
 STAGES = continuation_stages(CONFIG, steps=360, lr=3e-4, warmup_ratio=0.05, save_every=120)

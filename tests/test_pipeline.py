@@ -77,13 +77,23 @@ def test_pipeline_runs_every_stage_skips_finished_ones_and_resumes_a_killed_stag
     steps = [json.loads(l)["step"] for l in (out / "control" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]  # resumed from step 2, nothing logged twice
     assert res["dvd"]["finished"] and "draft1/tau" in res["dvd"]["final_metrics"]
+    # the equal-compute control: DVD's and the control's step times probed once, steps by the stated rule
+    cc = res["control_compute"]
+    probe = json.loads((out / "control_compute" / "probe.json").read_text())
+    assert cc["finished"] and cc["steps"] == max(4, round(4 * probe["dvd_s"] / probe["control_s"]))
+    assert cc["probe"]["ratio"] == pytest.approx(probe["dvd_s"] / probe["control_s"])
     report = (out / "report.md").read_text()
-    for arm in ("baseline", "control", "carryover", "dvd-nocarry"):
-        assert arm in report
+    for arm in ("baseline", "control-steps", "control-compute", "carryover", "dvd-nocarry"):
+        assert f"drafter **{arm}**" in report
+    assert "control (equal compute)" in report and "Paired comparisons" in report
+    assert "| carryover vs control-compute | **all** | 0 |" in report
     summary = json.loads((out / "report.json").read_text())
-    assert set(summary["stages"]) >= {"prepare", "baseline", "curve", "control", "dvd", "eval"}
-    # the baseline's curve: its step-2 snapshot and its final drafter, decoded at T = 0
+    assert set(summary["stages"]) >= {"prepare", "baseline", "curve", "control", "dvd", "control_compute", "eval"}
+    # the baseline's curve: its step-2 snapshot and its final drafter, decoded at T = 0, and scored offline
+    # on the preset's 4 rollouts (more than the eval's 2 prompts)
     assert [r["step"] for r in summary["stages"]["curve"]["rows"]] == [2, 4]
+    assert summary["stages"]["curve"]["offline_rollouts"] == 4
+    assert all(r["tau_offline"] >= 1.0 for r in summary["stages"]["curve"]["rows"])
     assert "against training time" in report and (out / "curve" / "result" / "curve.png").is_file()
     assert any(p.suffix == ".png" for p in (out / "eval" / "result").iterdir())
     # a finished pipeline reruns as a no-op; other settings in the same folder are refused

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from carryover_jax import bounds as B
@@ -10,7 +11,13 @@ from carryover_jax.decode.generate import check_sampling
 from carryover_jax.errors import CarryoverError
 from carryover_jax.loading import load_target
 from carryover_jax.numerics import Numerics
-from carryover_jax.paths import user_path
+from carryover_jax.paths import name_or_path, user_path
+
+
+def _dataset_arg(spec: str) -> str:
+    """A --datasets value with its path made absolute: NAME (a built-in) | PATH.jsonl | LABEL=PATH."""
+    label, sep, path = spec.partition("=")
+    return f"{label}={user_path(path)}" if sep and path else name_or_path(spec)
 
 
 def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
@@ -27,7 +34,7 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
     p.add_argument("--curve", default=None, metavar="RUN", type=user_path,
                    help="τ and speedup against training time: every drafter snapshot of the training run RUN "
                         "(train with snapshot_every) and its final drafter become arms; adds a table and curve.png")
-    p.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench", "sharegpt"],
+    p.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench", "sharegpt"], type=_dataset_arg,
                    metavar="NAME", help="humaneval | mtbench | sharegpt (held-out split) | PATH.jsonl | LABEL=PATH")
     p.add_argument("--prompts-per-dataset", type=int, default=8, help="the first N prompts of each dataset that fit")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer prompts (after the chat template)")
@@ -48,7 +55,16 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
     p.add_argument("--diagnostics", action="store_true",
                    help="also the ON/OFF replay (Carryover arms) and re-convergence of rejected branches, T = 0")
     p.add_argument("--diagnostic-prompts", type=int, default=4, help="prompts per dataset for --diagnostics")
-    p.add_argument("--from-json", default=None, metavar="RESULTS",
+    p.add_argument("--offline", action="store_true",
+                   help="no decoding: exact expected decoding rounds of every arm on the target's own rollouts of "
+                        "the prompts (recorded once; T = 0 exact greedy round counts, T > 0 expected rounds); "
+                        "τ only (no speed); arms without carried rows only")
+    p.add_argument("--rollouts", default=None, metavar="DIR",
+                   help="--offline: rollout cache folder (rollouts.jsonl); recorded rollouts are reused, new "
+                        "ones appended (default: none kept)")
+    p.add_argument("--offline-batch", type=int, default=8,
+                   help="--offline: rollouts recorded and scored per batch")
+    p.add_argument("--from-json", default=None, metavar="RESULTS", type=user_path,
                    help="re-render report.md and plots from a stored results.json (or its folder) into --out")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -59,7 +75,7 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
 
 def _check_args(args):
     for name in ("prompts_per_dataset", "max_prompt_tokens", "max_new_tokens", "seeds", "diagnostic_prompts",
-                 "timing_repeats"):
+                 "timing_repeats", "offline_batch"):
         if getattr(args, name) < 1:
             raise CarryoverError(f"--{name.replace('_', '-')} must be >= 1")
     if any(b < 1 for b in args.batch_sizes):
@@ -82,8 +98,30 @@ def main(args) -> int:
         return 0
     _check_args(args)
     entries = [parse_drafter_spec(s) for s in (args.drafter or []) + (snapshot_arms(args.curve) if args.curve else [])]
+    entries = [dataclasses.replace(e, path=user_path(e.path)) for e in entries]  # paths absolute, once
     if not entries:
         raise CarryoverError("give at least one --drafter LABEL=DIR[:carryover] (or --curve RUN)")
+    if args.offline and args.curve:
+        raise CarryoverError("--offline with --curve: give the snapshots as --drafter arms (the pipeline's curve "
+                             "stage does this)")
+    if args.offline:
+        from carryover_jax.eval.offline import CARRYOVER_REFUSAL, evaluate_offline, render_offline
+
+        for e in entries:  # before the target loads
+            if e.carryover:
+                raise CarryoverError(CARRYOVER_REFUSAL.format(label=f"drafter {e.label}"))
+        target = load_target(args.target, numerics=Numerics.from_args(args).resolve())
+        result = evaluate_offline(
+            target, entries, datasets=args.datasets, prompts_per_dataset=args.prompts_per_dataset,
+            max_prompt_tokens=args.max_prompt_tokens, system=args.system, heldout_per_mille=args.heldout_per_mille,
+            chat=not args.no_chat, max_new_tokens=args.max_new_tokens, temperatures=args.temperatures,
+            seeds=args.seeds, max_len=args.max_len, mask_token_id=args.mask_token_id, dtype=args.dtype,
+            rollouts=args.rollouts, batch_size=args.offline_batch, progress=not args.quiet,
+            log=lambda msg: print(msg, file=sys.stderr))
+        out = write_outputs(result, args.out)
+        print(render_offline(result))
+        print(f"eval: wrote {out}", file=sys.stderr)
+        return 0
     target = load_target(args.target, numerics=Numerics.from_args(args).resolve())
     result = evaluate(
         target, entries, datasets=args.datasets, prompts_per_dataset=args.prompts_per_dataset,

@@ -58,9 +58,18 @@ def training_seconds(run: str | Path) -> dict[int, float]:
     return out
 
 
-def curve_rows(result: dict[str, Any], run: str | Path) -> list[dict[str, Any]]:
-    """One row per snapshot arm: step, training minutes, τ and speedup over AR at T = 0 (all datasets)."""
+def offline_tau_by_step(offline: dict[str, Any]) -> dict[int, float]:
+    """Step -> the exact offline τ (`carryover eval --offline`, T = 0, all datasets) of each snapshot arm."""
+    cell = offline["summary"]["temperatures"].get("0", {}).get("datasets", {}).get("all", {})
+    return {int(lab.removeprefix("step")): c["tau"] for lab, c in cell.items() if re.fullmatch(r"step\d+", lab)}
+
+
+def curve_rows(result: dict[str, Any], run: str | Path, offline: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One row per snapshot arm: step, training minutes, τ and speedup over AR at T = 0 (all datasets), and
+    with `offline` (an offline result on the same arms) `tau_offline` and the rollouts it was scored on."""
     secs = training_seconds(run)
+    off = offline_tau_by_step(offline) if offline else {}
+    n_off = sum(offline["config"]["datasets"].values()) if offline else None
     cells = summary_of(result)["temperatures"]
     t0 = cells.get("0", cells.get("0.0"))
     if t0 is None:
@@ -72,6 +81,9 @@ def curve_rows(result: dict[str, Any], run: str | Path) -> list[dict[str, Any]]:
         step = int(d["label"].removeprefix("step"))
         c = t0["datasets"]["all"][d["label"]]
         near = max((s for s in secs if s <= step), default=None)
-        rows.append({"step": step, "train_minutes": round(secs[near] / 60, 2) if near is not None else None,
-                     "tau": c["tau"], "speedup": c["speedup"]})
+        row = {"step": step, "train_minutes": round(secs[near] / 60, 2) if near is not None else None,
+               "tau": c["tau"], "speedup": c["speedup"]}
+        if step in off:
+            row.update(tau_offline=off[step], offline_rollouts=n_off)
+        rows.append(row)
     return sorted(rows, key=lambda r: r["step"])

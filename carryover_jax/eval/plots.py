@@ -117,6 +117,10 @@ def write_plots(result: dict[str, Any], folder: str | Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot(x, [r["tau"] for r in curve], "o-", label="τ (T = 0)")
         ax.plot(x, [r["speedup"] for r in curve], "s-", label="speedup over AR (batch 1)")
+        off = [(xi, r["tau_offline"]) for xi, r in zip(x, curve) if "tau_offline" in r]
+        if off:  # the exact offline τ of the same snapshots on many more rollouts
+            n = next(r["offline_rollouts"] for r in curve if "tau_offline" in r)
+            ax.plot(*zip(*off), "^--", label=f"τ offline ({n} rollouts, T = 0)")
         ax.axhline(1.0, color="gray", lw=0.8, ls="--")
         for xi, r in zip(x, curve):
             ax.annotate(f"step {r['step']}", (xi, r["tau"]), textcoords="offset points", xytext=(0, 5), fontsize=7)

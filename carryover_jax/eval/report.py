@@ -64,10 +64,14 @@ def _main_table(summary, drafters, metric: str, title: str, digits: int, suffix:
 
 
 def render_curve(curve: list[dict[str, Any]]) -> list[str]:
-    """The rows of `curve.curve_rows` as a Markdown table."""
-    return ["| step | training minutes | τ | speedup over AR |", "|---|---|---|---|"] + [
+    """The rows of `curve.curve_rows` as a Markdown table (with the offline τ column when scored)."""
+    off = any("tau_offline" in r for r in curve)
+    n = next((r.get("offline_rollouts") for r in curve if "tau_offline" in r), None)
+    head = "| step | training minutes | τ | speedup over AR |" + (f" τ offline ({n} rollouts) |" if off else "")
+    return [head, "|---|---|---|---|" + ("---|" if off else "")] + [
         f"| {r['step']} | {'-' if r['train_minutes'] is None else r['train_minutes']} | {r['tau']:.3f} | "
-        f"{r['speedup']:.2f}x |" for r in curve]
+        f"{r['speedup']:.2f}x |" + (f" {r['tau_offline']:.3f} |" if "tau_offline" in r else (" - |" if off else ""))
+        for r in curve]
 
 
 def render_markdown(result: dict[str, Any]) -> str:

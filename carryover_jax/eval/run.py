@@ -239,6 +239,11 @@ def write_outputs(result: dict[str, Any], out: str | Path, *, plots: bool = True
     """results.json, report.md and the PNGs, written into `out` atomically (all or nothing)."""
     def write(tmp: Path):
         (tmp / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+        if result.get("offline"):  # expected rounds on rollouts: τ tables only, nothing timed to plot
+            from carryover_jax.eval.offline import render_offline
+
+            (tmp / "report.md").write_text(render_offline(result))
+            return
         (tmp / "report.md").write_text(render_markdown(result))
         if plots:
             write_plots(result, tmp)
@@ -261,6 +266,22 @@ def load_result(path: str | Path) -> dict[str, Any]:
     return result
 
 
+def load_items(target, datasets: Sequence[str], *, prompts_per_dataset: int, max_prompt_tokens: int,
+               system: str | None, heldout_per_mille: int | None, chat: bool, log=None):
+    """The eval's prompts as token ids: (items, skipped-long-prompt counts, the held-out split used)."""
+    if heldout_per_mille is None:
+        heldout_per_mille = DataConfig.heldout_per_mille  # the training split's default
+
+    def fits(p):
+        return len(target.encode(p.as_messages(), chat=chat)) <= max_prompt_tokens
+
+    prompts, skipped = load_prompts(list(datasets), limit=prompts_per_dataset, system=system,
+                                    heldout_per_mille=heldout_per_mille, fits=fits)
+    if any(skipped.values()) and log is not None:
+        log(f"eval: skipped prompts longer than {max_prompt_tokens} tokens: {skipped}")
+    return encode_items(target, prompts, chat=chat), skipped, heldout_per_mille
+
+
 def evaluate(target, drafters: Sequence[DrafterEntry | str], *, datasets: Sequence[str] = ("humaneval", "mtbench", "sharegpt"),
              prompts_per_dataset: int = 8, max_prompt_tokens: int = 512, system: str | None = None,
              heldout_per_mille: int | None = None, chat: bool = True, max_new_tokens: int = 128,
@@ -275,17 +296,9 @@ def evaluate(target, drafters: Sequence[DrafterEntry | str], *, datasets: Sequen
     `out` (results.json, report.md, PNGs) when given. Returns the result dict."""
     entries = [parse_drafter_spec(d) if isinstance(d, str) else d for d in drafters]
     loaded = load_entries(target, entries, mask_token_id, dtype=dtype)
-    if heldout_per_mille is None:
-        heldout_per_mille = DataConfig.heldout_per_mille  # the training split's default
-
-    def fits(p):
-        return len(target.encode(p.as_messages(), chat=chat)) <= max_prompt_tokens
-
-    prompts, skipped = load_prompts(list(datasets), limit=prompts_per_dataset, system=system,
-                                    heldout_per_mille=heldout_per_mille, fits=fits)
-    if any(skipped.values()) and log is not None:
-        log(f"eval: skipped prompts longer than {max_prompt_tokens} tokens: {skipped}")
-    items = encode_items(target, prompts, chat=chat)
+    items, skipped, heldout_per_mille = load_items(target, datasets, prompts_per_dataset=prompts_per_dataset,
+                                                   max_prompt_tokens=max_prompt_tokens, system=system,
+                                                   heldout_per_mille=heldout_per_mille, chat=chat, log=log)
     diag = None  # the diagnostics pass, run after the decoding passes when asked for
     if diagnostics:
         per_ds: dict[str, int] = {}

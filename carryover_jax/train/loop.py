@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -93,9 +93,11 @@ class MetricsLog:
         self.f.close()
 
 
-def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None = None) -> dict[str, Any]:
+def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None = None,
+          on_batch: Callable[[int, dict], None] | None = None) -> dict[str, Any]:
     """Run (or resume) training. `stop_at_step` ends the run early as if killed (after checkpointing
-    at the normal interval) — used by the resume tests."""
+    at the normal interval) — used by the resume tests. `on_batch(step, batch)` sees every host batch
+    before its step (the data-order tests of the controls)."""
     maybe_initialize()
     out = prepare_out_dir(cfg.out_dir)  # a read-only/unusable out_dir fails here, before any work
     store = ResponseStore.open(cfg.data.store)
@@ -159,6 +161,8 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
                     break
                 batch = next(data_iter)
                 batch = {k: np.asarray(v) for k, v in batch.items() if k in BATCH_KEYS}
+                if on_batch is not None:
+                    on_batch(step + 1, batch)
                 if step_fn is None:
                     step_fn = compile_step(sc, optimizer, mesh, ssh, tsh, {k: v.ndim for k, v in batch.items()})
                 state, metrics = step_fn(state, target_params, put_batch(batch, mesh))
