@@ -616,11 +616,12 @@ class DataConfig:
     split: str = "train"  # "train" | "heldout": a fixed hash split of conversation ids
     heldout_per_mille: int = 20
     max_prompts: int | None = None  # first N prompts of the split (after filtering), None = all
-    max_turns: int = 1  # user turns regenerated per conversation
+    max_turns: int = 1  # user turns regenerated (source: assistant turns kept) per conversation
     max_prompt_tokens: int = 512  # longer prompts are skipped
     # "regenerate": the target answers every user turn itself (its own distribution); "source": the
-    # dataset's first assistant reply is kept verbatim (no generation: as fast as the feature pass, for
-    # training with labels="target" on far more text than a CPU can regenerate)
+    # dataset's assistant replies are kept verbatim, up to max_turns of them (no generation: as fast as
+    # the feature pass; for replies regenerated elsewhere, e.g. by vLLM/SGLang, or for training with
+    # labels="target" on far more text than a CPU can regenerate)
     responses: str = "regenerate"
     max_new_tokens: int = 256  # per regenerated assistant turn (source: reply tokens kept)
     temperature: float = 0.0  # 0 = greedy: the recorded response is the target's own greedy output

@@ -252,6 +252,9 @@ CLI_ROWS = [
     Row("drafter config bad value", lambda e: GEN + ["--target", str(e.target), "--drafter", drafter_with(
         e, lambda d: edit_json(d / "drafter_config.json", lambda c: {**c, "kind": "lstm"}))],
         r"unknown drafter kind 'lstm'.*\(in drafter config .*drafter_config\.json\)"),
+    Row("drafter config from a newer version", lambda e: GEN + ["--target", str(e.target), "--drafter", drafter_with(
+        e, lambda d: edit_json(d / "drafter_config.json", lambda c: {**c, "config_version": 99}))],
+        r"drafter config version 99 is not one this carryover-jax reads .*\(in drafter config .*drafter_config\.json\)"),
     Row("drafter e_rej wrong dtype", lambda e: GEN + ["--target", str(e.target), "--drafter", drafter_with(
         e, lambda d: edit_tensors(d / "model.safetensors", lambda t: t.update(
             {"e_rej": t["e_rej"].astype(np.int64)})))],
@@ -336,6 +339,11 @@ CLI_ROWS = [
         f"data.store={e.tmp / 'st'}", "--set", f"data.source={e.prompts}", "--set", "data.responses=mine"],
         r"data\.responses must be 'regenerate' or 'source'"),
     Row("train labels unknown", lambda e: train_args(e, "--set", "labels=mine"), r"labels must be 'data' or 'target'"),
+    Row("train numerics dtype unknown", lambda e: train_args(e, "--set", "numerics.dtype=fp8"),
+        r"numerics\.dtype must be one of float32, bfloat16, float16, got 'fp8'"),
+    Row("train compute_dtype contradicts numerics", lambda e: train_args(
+        e, "--set", "compute_dtype=bfloat16", "--set", "numerics.dtype=float32"),
+        r"compute_dtype='bfloat16' contradicts numerics\.dtype='float32'; set one"),
     # eval
     Row("eval drafter truncated", lambda e: [
         "eval", "--target", str(e.target), "--quiet", "--no-plots", "--out", str(e.tmp / "o"), "--datasets",
