@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from carryover_jax.decode.drafting import sequential_proposals
-from carryover_jax.models.drafter import Drafter, frozen_from_target
+from carryover_jax.decode.sampling import probs
+from carryover_jax.models.drafter import Drafter, frozen_from_target, to_target_probs
 from carryover_jax.models.layers import Blockwise, Prefix
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
@@ -55,6 +56,63 @@ def draft_proposals(sc: StepConfig, params, frozen, feats: Array, blk: A.Blocks)
 
     rows_per_chunk = max(1, sc.loss_chunk // p) if sc.loss_chunk else 0
     toks = chunked_rows(propose, (h, anchor_tok), rows_per_chunk)
+    return jax.lax.stop_gradient(toks).reshape(b, n, p)
+
+
+def coupled_proposals(sc: StepConfig, params, target_params, frozen, feats: Array, last: Array, blk: A.Blocks,
+                      rng: Array) -> Array:
+    """Draft 1 on a recording sampled at temperature T > 0: proposals [B, N, P] drawn from the maximal
+    coupling of the drafter's distribution q with the recorded token x ~ p (both processed as decoding
+    processes them: temperature, top-k, top-p). Slot i proposes x with probability min(1, q(x)/p(x)), else
+    a token from the residual (q - p)+. Then
+
+    - d_i = x_i exactly when speculative sampling would accept d_i (P = sum min(p, q), its acceptance), so
+      `accept_counts` against the recording counts what rejection sampling accepts, not fewer;
+    - given a rejection, the recorded x_i is distributed as (p - q)+ (the correction rejection sampling
+      draws), so the shifted anchor's context — the recorded prefix — is what decoding would have committed;
+    - every d_i is marginally a draw from q: the rejected tokens (and their verify states, the carried rows)
+      are distributed as when decoding.
+
+    Markov drafters are sequential over slots, each slot's bias from the previous proposal (= the recorded
+    token on every slot that can still be accepted). No gradient."""
+    dc = sc.drafter
+    params = jax.lax.stop_gradient(params)
+    b, s = feats.shape[:2]
+    t, p, n = dc.block_size, dc.num_proposals, blk.anchors.shape[1]
+    temp, top_k, top_p = sc.draft1_temperature, sc.top_k, sc.top_p
+    h = proposal_hidden(params, dc, frozen, feats, blk).reshape(b * n, p, -1)
+    pred_at = jnp.clip(blk.label_idx - 1, 0, s - 1).reshape(b, n * p)
+    th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n, p, -1)
+    x = blk.labels.reshape(b * n, p)
+    anchor_tok = blk.tokens.reshape(b * n, t)[:, 0]
+    keys = jax.random.key_data(jax.random.split(rng, b * n))
+    tm, drafter = TargetLM(sc.target), Drafter(dc)
+
+    def draw(hc, thc, xc, ac, kc):
+        z = drafter.apply({"params": params}, hc, frozen, method=Drafter.logits)  # [r, P, K]
+        pt = probs(tm.apply({"params": target_params}, thc, method=TargetLM.head), jnp.float32(temp), top_k, top_p)
+
+        def slot(prev, xs):
+            zi, pi, xi, ki = xs  # [r, K], [r, V], [r], [r] keys
+            if dc.markov_rank:
+                zi = zi + drafter.apply({"params": params}, prev[:, None], method=Drafter.markov_bias)[:, 0]
+            qi = to_target_probs(dc, probs(zi, jnp.float32(temp), top_k, top_p))
+            px, qx = (jnp.take_along_axis(d, xi[:, None], axis=-1)[:, 0] for d in (pi, qi))
+            ka, kr = jax.vmap(lambda k: jax.random.split(jax.random.wrap_key_data(k)))(ki).T
+            u = jax.vmap(jax.random.uniform)(ka)
+            hit = u * px < qx  # accept x with probability min(1, q(x) / p(x))
+            resid = jnp.maximum(qi - pi, 0.0)
+            other = jax.vmap(jax.random.categorical)(kr, jnp.log(resid))  # never drawn where hit is certain
+            d = jnp.where(hit | (jnp.sum(resid, -1) <= 0), xi, other).astype(jnp.int32)
+            return d, d
+
+        slot_keys = jax.vmap(lambda k: jax.random.key_data(jax.random.split(jax.random.wrap_key_data(k), p)))(kc)
+        sw = lambda a: jnp.swapaxes(a, 0, 1)  # noqa: E731  slots first for the scan
+        _, d = jax.lax.scan(slot, ac.astype(jnp.int32), (sw(z), sw(pt), sw(xc), sw(slot_keys)))
+        return sw(d)
+
+    rows_per_chunk = max(1, sc.loss_chunk // p) if sc.loss_chunk else 0
+    toks = chunked_rows(draw, (h, th, x, anchor_tok, keys), rows_per_chunk)
     return jax.lax.stop_gradient(toks).reshape(b, n, p)
 
 
@@ -152,7 +210,10 @@ def rollout(sc: StepConfig, params, target_params, frozen, batch, feats, last, r
     blk1 = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
     if sc.target_labels:  # draft 1 is accepted as in decoding: against the target's greedy tokens
         blk1 = blk1.replace(labels=target_greedy_labels(sc, target_params, last, blk1))
-    proposals = draft_proposals(sc, params, frozen, feats, blk1)
+    if sc.draft1_temperature > 0:  # a sampled recording: draft 1 as speculative sampling would accept it
+        proposals = coupled_proposals(sc, params, target_params, frozen, feats, last, blk1, jax.random.fold_in(rng, 1))
+    else:
+        proposals = draft_proposals(sc, params, frozen, feats, blk1)
     accepted = accept_counts(proposals, blk1)
     anchors2, keep2 = shifted_anchors(lm, anchors, keep, accepted)
     blk2 = A.build_blocks(dc, ids, lm, anchors2, keep2, nvalid)

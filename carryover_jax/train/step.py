@@ -51,6 +51,11 @@ class StepConfig:
     off_metrics: bool = True  # DVD: also log draft 2 with the carried rows withheld (no gradient)
     target_labels: bool = False  # train on the target's greedy tokens instead of the recorded ones
     kl_weight: float = 0.0  # KL(target || draft) at every proposal slot, beside CE and L1
+    # DVD's draft 1 on recordings sampled at this temperature (0 = greedy): the coupling of dvd.coupled_proposals,
+    # with the recording's top-k / top-p
+    draft1_temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
 
 
 def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: DrafterConfig, *,
@@ -70,6 +75,7 @@ def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: Drafter
         num_anchors=cfg.num_anchors, gamma=cfg.loss_decay_gamma, ce_weight=ce, l1_weight=l1, remat=cfg.remat,
         loss_chunk=cfg.loss_chunk_rows, mode=cfg.mode, carry=cfg.dvd_carry, off_metrics=cfg.dvd_off_metrics,
         target_labels=cfg.labels == "target", kl_weight=cfg.kl_weight,
+        draft1_temperature=cfg.draft1_temperature, top_k=cfg.data.top_k, top_p=cfg.data.top_p,
     )
 
 
