@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from carryover_jax.errors import CarryoverError, CheckpointError, ConfigError, RequestError
-from carryover_jax.export.torch_drafter import TorchDrafter
+from carryover_jax.export.torch_drafter import TorchDrafter, read_spec
 
 
 @dataclass
@@ -129,6 +129,7 @@ def load_target(folder, *, dtype=torch.float32, device="cpu"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # errors and --json output stay one clean stream
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder} is not an HF target folder (no config.json); "
@@ -352,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in ("target", "drafter"):
             if not Path(getattr(args, name)).is_dir():
                 raise CheckpointError(f"no such {name} folder: {getattr(args, name)}")
+        read_spec(Path(args.drafter))  # a folder that is no drafter fails before the target is loaded
         dtype = getattr(torch, args.dtype)
         model, tok, stops = load_target(args.target, dtype=dtype)
         dec = SpeculativeDecoder(model, args.drafter, dtype=dtype, tokenizer=tok, stop_token_ids=stops)
