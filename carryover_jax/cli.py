@@ -143,7 +143,8 @@ def _cmd_export(args) -> int:
               "are not recorded (no train_config.json beside it)", file=sys.stderr)
     d = load_drafter(args.drafter, target=target)
     print(export_drafter(d.cfg, d.params, args.out, args.format, frozen=frozen,
-                         dtype=None if args.dtype == "keep" else args.dtype, num_anchors=anchors))
+                         dtype=None if args.dtype == "keep" else args.dtype, num_anchors=anchors,
+                         card={"source": str(args.drafter), "target": str(args.target) if target else None}))
     return 0
 
 

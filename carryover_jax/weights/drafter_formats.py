@@ -199,7 +199,7 @@ def is_drafter_folder(folder: Path) -> bool:
 
 
 def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: str, *, frozen=None,
-                   dtype: Any = "bfloat16", num_anchors: int | None = None) -> Path:
+                   dtype: Any = "bfloat16", num_anchors: int | None = None, card: dict | None = None) -> Path:
     """Write `params` as a PyTorch checkpoint in format `fmt` ("zlab" | "deepspec"), atomically.
 
     `frozen` (target embedding/head, see `frozen_from_target`) is required for deepspec, which stores
@@ -227,6 +227,10 @@ def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: s
         if e_rej is not None:
             save_file({CARRYOVER_TENSOR: e_rej}, tmp / CARRYOVER_FILE, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        # README.md: what the drafter is and how each engine loads it (`card`: target=, source= for the text)
+        from carryover_jax.weights.model_card import write_model_card
+
+        write_model_card(tmp, cfg, config, fmt, has_e_rej=e_rej is not None, **(card or {}))
 
     return atomic_dir(Path(folder), write, replaces=is_drafter_folder)
 
