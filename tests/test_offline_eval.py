@@ -9,6 +9,7 @@
 - the CLI: rollouts recorded once and reused from the cache, Carryover arms refused in one line.
 """
 
+import functools
 import json
 
 import jax
@@ -90,6 +91,13 @@ def test_offline_rounds_equal_greedy_speculative_decoding(tiny_llama, kind):
     assert cut > 0  # some last round was cut by the limit or the stop token
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _cache_free_logits(cfg, params, ids):
+    from carryover_jax.models.target import TargetLM
+
+    return TargetLM(cfg).apply({"params": params}, ids)[0]
+
+
 def _slow_expected_rounds(target, drafter, prompt, tokens, T):
     """Per round start c: the engine's own drafting (prefill of prompt + y_1..y_{c-1}, anchor y_c) gives q,
     a cache-free target forward gives p; E[rounds] by the backward recursion V(c) = 1 + Σ_k P(first
@@ -106,7 +114,9 @@ def _slow_expected_rounds(target, drafter, prompt, tokens, T):
     seq = prompt + tokens
     width = 32  # every prefill padded to one shape (right padding; the prompt length says what is real)
     draft = jax.jit(D.draft_block_logits, static_argnums=0)
-    logits = target.model.apply({"params": target.params}, jnp.asarray([seq]))[0][0]  # [L + G, V]
+    padded = jnp.asarray([seq + [0] * (width - len(seq))], jnp.int32)  # causal: the padding changes nothing before it
+    logits = _cache_free_logits(target.cfg, target.params, padded)[0]  # [width, V]
+    p_all = np.asarray(probs(logits, jnp.full(logits.shape[:1], T)))
     acc = {}
     for c in range(1, G):
         prefix = seq[: L + c - 1]
@@ -116,16 +126,14 @@ def _slow_expected_rounds(target, drafter, prompt, tokens, T):
                        max_len=64, out_size=16, max_rounds=16)
         z = draft(dc, params, frozen, s.draft_cache, jnp.asarray([seq[L + c - 1]], jnp.int32))[0]  # [P, V]
         labels = seq[L + c: L + c + P]
-        for k in range(1, P + 1):
-            if c + k > G:
-                break
-            zk = z[k - 1]
-            if dc.markov_rank:  # the previous token: the anchor, then the rollout's
-                prev = seq[L + c - 1] if k == 1 else labels[k - 2]
-                zk = zk + D.markov_bias(dc, params, jnp.asarray([[prev]]))[0, 0]
-            q = float(probs(zk[None], jnp.asarray([T]))[0, labels[k - 1]])
-            p = float(probs(logits[L + c + k - 2][None], jnp.asarray([T]))[0, labels[k - 1]])
-            acc[c, k] = min(1.0, q / p)
+        k_max = min(P, G - c)
+        if dc.markov_rank:  # slot k's previous token: the anchor, then the rollout's
+            prev = [seq[L + c - 1]] + labels[: k_max - 1]
+            z = z[:k_max] + D.markov_bias(dc, params, jnp.asarray([prev]))[0]
+        q = np.asarray(probs(z[:k_max], jnp.full((k_max,), T)))
+        for k in range(1, k_max + 1):
+            y = labels[k - 1]
+            acc[c, k] = min(1.0, float(q[k - 1, y]) / float(p_all[L + c + k - 2, y]))
     value = {}
     for c in range(G - 1, 0, -1):
         v, alive = 1.0, 1.0
@@ -152,7 +160,7 @@ def test_expected_rounds_equal_a_slow_per_round_loop_at_t1(tmp_path_factory, kin
     prompts = [[3, 5, 6, 1], [7, 3, 3], [1, 2, 5, 6, 7, 3]]
     T = 1.0
     rollouts = []
-    for s in range(2):
+    for s in range(2):  # two sampled rollouts of each prompt
         outs = generate(target, prompts, max_new_tokens=[10, 7, 9], temperature=T, seed=s, stop_token_ids=[])
         rollouts += [{"dataset": "d", "prompt": str(i), "temperature": T, "seed": s, "prompt_ids": p,
                       "tokens": list(o.token_ids)} for i, (p, o) in enumerate(zip(prompts, outs))]
