@@ -164,7 +164,9 @@ def test_dense_segments_and_auto():
     m = jnp.asarray(rng.random((B, t, s)) < 0.5).at[0, 2].set(False)
     for backend in BACKENDS:
         _check(_one, q, (k, v), backend, (m,))
-    assert resolve_backend("auto") == ("pallas" if jax.default_backend() == "gpu" else "einsum")
+    # "auto" is resolved where the program is lowered: einsum here (the same numbers), pallas on cuda
+    # (tests/test_lowering.py)
+    _check(_one, q, (k, v), "auto", (m,), atol=0)
     with pytest.raises(ConfigError, match="unknown attention backend"):
         resolve_backend("flash")
     for make in (lambda: TCFG.replace(attention_backend="flash"), lambda: TrainConfig(attention_backend="flash")):
@@ -321,3 +323,92 @@ def test_kernels_lower_to_triton_for_gpu(dtype, t, s, d):
     for fn, calls in ((f, 1), (jax.grad(f, argnums=(0, 1, 2)), 3)):
         text = jax.jit(fn).trace(q, k, k, lim, lim).lower(lowering_platforms=("cuda",)).as_text()
         assert text.count("__gpu$xla.gpu.triton") == calls
+
+
+def test_the_kernel_is_refused_on_tpu(monkeypatch):
+    """Where this process runs on a TPU, the Triton-style kernel (pallas, and cudnn's kernel segments) is
+    refused in one line before tracing; einsum and auto stay available."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    for name in ("pallas", "cudnn"):
+        with pytest.raises(ConfigError, match=f"attention backend '{name}' .* untested on TPU"):
+            resolve_backend(name)
+    assert resolve_backend("auto") == "auto" and resolve_backend("einsum") == "einsum"
+
+
+@pytest.mark.parametrize("d", [64, 256, 512])
+def test_interpreted_kernel_equals_einsum_at_every_head_dim(d):
+    """The kernel with the head dim's own tiles (`tile_sizes`: 64 x 64, 64 x 32 and 32 x 16 in bf16)
+    against einsum, interpreted: values and gradients of a causal + window `Prefix` segment over
+    several key tiles, and (d = 512, Gemma 4's global layers) a live-length cache read."""
+    from carryover_jax.models.kernels import tile_sizes
+    from carryover_jax.models.layers import LiveMask
+
+    rng = np.random.default_rng(20 + d)
+    t, s = 24, 72
+    rnd = lambda *shape: jnp.asarray(rng.normal(size=shape) / np.sqrt(np.sqrt(d)), jnp.float32)  # noqa: E731
+    q, k, v = rnd(1, t, H, d), rnd(1, HKV, s, d), rnd(1, HKV, s, d)
+    causal = jnp.arange(1, t + 1, dtype=jnp.int32)[None] + 40
+    tiles = tile_sizes(d, itemsize=4)  # float32 here: half the bf16 key tile at the same shared memory
+    assert tiles.block_k < s and tiles.block_q <= 64
+    _check(_one, q, (k, v), "pallas", (Prefix(causal, lower=causal - 37),), atol=1e-4)
+    if d == 512:
+        live = LiveMask(jnp.asarray([[50, 51, 52, 53]], jnp.int32), lower=jnp.asarray([[9, 10, 11, 12]], jnp.int32))
+        got, want = (jax.jit(lambda q, k, v, bk=bk: attention_core(q, [(k, v, live)], 0.3, bk))(q[:, :4], k, v)
+                     for bk in ("pallas", "einsum"))
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
+
+
+def test_split_k_equals_the_unsplit_kernel():
+    """Flash-decoding: the keys of every query tile split over 1 or 3 programs, partial softmaxes
+    merged, give the one-program output and lse (rows that see nothing: 0 and NEG_INF in every split);
+    the gradient through the split forward equals the unsplit one. Batch-1 decode picks > 1 split."""
+    from carryover_jax.models import kernels
+
+    rng = np.random.default_rng(21)
+    t, s = 8, 300
+    q = jnp.asarray(rng.normal(size=(1, H, t, D)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(1, HKV, s, D)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(1, HKV, s, D)), jnp.float32)
+    limit = jnp.asarray([[0, 5, 40, 120, 230, 299, 300, 300]], jnp.int32)
+    lower = jnp.asarray([[0, 0, 3, 60, 0, 100, 290, 0]], jnp.int32)
+
+    def run(splits):
+        def f(q, k, v):
+            o, lse = kernels.prefix_attention(q, k, v, limit, lower, scale=0.3, block_k=16, splits=splits)
+            return jnp.sum(jnp.sin(o) * o) + jnp.sum(jnp.where(lse > -1e29, lse, 0.0) ** 2), (o, lse)
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+
+    (_, (o1, l1)), g1 = run(1)
+    for n in (3,):  # the backward kernels are the same for any split: one split count suffices
+        (_, (o, lse)), g = run(n)
+        np.testing.assert_allclose(np.asarray(o), np.asarray(o1), atol=2e-6, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(lse), np.asarray(l1), atol=2e-5, rtol=1e-6)
+        jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5), g, g1)
+    assert np.all(np.asarray(o1)[:, :, 0] == 0) and np.all(np.asarray(l1)[:, :, 0] <= -1e29)
+    assert kernels.key_splits(1 * HKV, 8192 // 64) > 1
+
+
+def test_dkv_kernel_skips_only_query_tiles_that_see_nothing():
+    """Gradients with 16-row tiles where whole query tiles see no key of a key tile (windows far apart,
+    a row that sees nothing, padded queries): the dk/dv kernel skips them and still equals einsum."""
+    rng = np.random.default_rng(22)
+    t, s = 48, 80
+    q, k, v = _qkv(rng, t, s)
+    lim = np.concatenate([np.arange(1, 17) + 0, np.full(16, 0), np.arange(65, 81)])
+    limit = jnp.asarray(np.stack([lim, np.minimum(lim + 3, s)]), jnp.int32)
+    lower = jnp.maximum(limit - 6, 0)
+    from carryover_jax.models import kernels
+
+    def f(backend):
+        def loss(q, k, v):
+            if backend == "einsum":
+                out = attention_core(q, [(k, v, Prefix(limit, lower))], 0.37, "einsum")
+                return jnp.sum(jnp.sin(out) * out)
+            qh = jnp.swapaxes(q, 1, 2)
+            o, _ = kernels.prefix_attention(qh, k, v, limit, lower, scale=0.37, block_q=16, block_k=16)
+            out = jnp.swapaxes(o, 1, 2)
+            return jnp.sum(jnp.sin(out) * out)
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4), f("pallas"),
+                           f("einsum"))

@@ -49,13 +49,30 @@ def _median_ms(fn, n: int) -> float:
     return 1e3 * float(np.median(ts))
 
 
+HBM_TB_S = 4.8  # H200 HBM3e bandwidth (TB/s): the weight-read floor of a decode step
+PEAK_TFLOPS = 790.0  # H100/H200 dense bf16 tensor-core peak (TFLOP/s): MFU's denominator
+
+
 def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab", proposals: int = 15,
         draft_layers: int = 5, batch: int = 1, context: int = 512, train_batch: int = 1, train_len: int = 1024,
-        anchors: int = 64, repeats: int = 10, backends: tuple[str, ...] = ("einsum",)) -> dict[str, Any]:
+        anchors: int = 64, repeats: int = 10, backends: tuple[str, ...] = ("einsum",),
+        train_modes: tuple[str, ...] = ("baseline",), train_backends: tuple[str, ...] | None = None,
+        kernel_head_dims: tuple[int, ...] | None = None, kernel_backends: tuple[str, ...] | None = None,
+        trace_dir: str | None = None, deadline: float | None = None, hbm_tb_s: float = HBM_TB_S,
+        peak_tflops: float = PEAK_TFLOPS, on_row=None) -> dict[str, Any]:
     """`backends`: attention backends (models/layers.py) measured one after the other on the same
     weights and inputs; the first is the reference of the `x_first_backend` ratios and of the top-level
     numbers. A backend that fails to compile or run is reported (`error`), not raised, so one device
-    run covers the others."""
+    run covers the others.
+
+    `train_modes`: training steps timed per backend ("baseline", "dvd", "control"), each with its model
+    FLOPs (`train_flops`) and MFU against `peak_tflops`; `train_backends` limits them to some backends
+    (None: all). The AR step is also given as a multiple of its weight-read floor (`weight_bytes` at
+    `hbm_tb_s`). `kernel_head_dims` / `kernel_backends`: the kernel check (each backend vs einsum) at
+    these head dims (default: the target's, backends[1:]). `trace_dir`: a `jax.profiler` trace of one
+    round of the first backend. `deadline` (time.monotonic()): parts that would start after it are
+    reported as skipped, so a device check fits its lease; `on_row(rows)` is called after each part (a
+    device check saves what it has)."""
     tcfg = target_cfg
     dcfg = DrafterConfig.for_target(tcfg, kind=kind, layout=layout, num_proposals=proposals, num_layers=draft_layers,
                                     mask_token_id=0, target_layer_ids=_layer_ids(tcfg))
@@ -68,43 +85,138 @@ def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab",
     max_len = next_bucket(context + 4 * (proposals + 1) * (repeats + 4))
     batch_ = {"input_ids": jnp.asarray(rng.integers(10, tcfg.vocab_size, (train_batch, train_len)), jnp.int32),
               "loss_mask": jnp.ones((train_batch, train_len), jnp.int32)}
+    wbytes = weight_bytes(tp, tcfg)
+    floor_ms = 1e3 * wbytes / (hbm_tb_s * 1e12)
     out: dict[str, Any] = {"target": _describe(tcfg), "drafter": f"{kind}/{layout}, {proposals} proposals, "
-                           f"{draft_layers} layers", "batch": batch, "context": context, "device": str(jax.devices()[0])}
+                           f"{draft_layers} layers", "batch": batch, "context": context, "device": _device(),
+                           "jax": jax.__version__, "weight_gb": round(wbytes / 1e9, 3),
+                           "weight_floor_ms": float(f"{floor_ms:.4g}"),
+                           "weight_floor": f"target weights read once per AR step ({wbytes / 1e9:.2f} GB; a tied "
+                                           f"embedding counted once, as the LM head) at {hbm_tb_s} TB/s",
+                           "peak_tflops": peak_tflops}
+    late = lambda: deadline is not None and time.monotonic() > deadline  # noqa: E731
     rows = []
-    for bk in backends:
+    for i, bk in enumerate(backends):
         tb = tcfg.replace(attention_backend=bk)
         db = dcfg.replace(backbone=dcfg.backbone.replace(attention_backend=bk))
         row: dict[str, Any] = {"backend": bk}
+        errors = []
+        if late():
+            row["skipped"] = "device-check budget spent"
+            rows.append(row)
+            continue
         try:
-            row.update(_decode_times(tb, db, tp, dp, prompt, lens, max_len, repeats))
+            row.update(_decode_times(tb, db, tp, dp, prompt, lens, max_len, repeats,
+                                     trace_dir=trace_dir if i == 0 else None))
         except Exception as e:  # noqa: BLE001 - a device check reports every backend
-            row["error"] = "decode: " + _error(e)
-        t = _train_step(tcfg, dcfg, tp, batch_, anchors, bk, max(3, repeats // 3))
-        train_error = t.pop("error", None)
-        errors = [row.pop("error", None), train_error and "train: " + train_error]
-        row.update({("train_" + k if k in ("compile_s", "temp_gb", "loss") else k): v for k, v in t.items()
-                    if k != "backend"})
-        if any(errors):
-            row["error"] = " | ".join(e for e in errors if e)
+            errors.append("decode: " + _error(e))
         if "ar_step_ms" in row:
             ar_ms = row["ar_step_ms"]
-            row.update(verify_over_ar=round(row["verify_ms"] / ar_ms, 3), draft_over_ar=round(row["draft_ms"] / ar_ms, 3),
-                       break_even_tau=round(row["round_ms"] / ar_ms, 3))
+            row.update(ar_over_weight_floor=float(f"{ar_ms / floor_ms:.4g}"), verify_over_ar=round(row["verify_ms"] / ar_ms, 3),
+                       draft_over_ar=round(row["draft_ms"] / ar_ms, 3), break_even_tau=round(row["round_ms"] / ar_ms, 3))
+        if train_backends is None or bk in train_backends:
+            for mode in train_modes:
+                if late():
+                    row[f"train_{mode}"] = {"skipped": "device-check budget spent"}
+                    continue
+                t = _train_step(tcfg, dcfg, tp, batch_, anchors, bk, max(3, repeats // 3), mode=mode,
+                                peak_tflops=peak_tflops)
+                if "error" in t:
+                    errors.append(f"train {mode}: " + t["error"])
+                row[f"train_{mode}"] = t
+                if on_row is not None:
+                    on_row(rows + [row])
+                if mode == train_modes[0]:  # the flat fields of earlier versions: the first mode's
+                    row.update({("train_" + k if k in ("compile_s", "temp_gb", "loss") else k): v for k, v in t.items()
+                                if k in ("compile_s", "temp_gb", "loss", "train_step_ms", "mfu")})
+        if errors:
+            row["error"] = " | ".join(errors)
         rows.append(row)
+        if on_row is not None:
+            on_row(rows)
     first = rows[0]
     for r in rows[1:]:
         for key in ("ar_step_ms", "verify_ms", "round_ms", "train_step_ms"):
             if key in r and key in first:
                 r[f"{key}_x_first_backend"] = round(r[key] / first[key], 3)
     out["backends"] = rows
-    if len(backends) > 1:
-        out["kernel_check"] = kernel_check(tcfg, backends[1:], queries=anchors * dcfg.block_size, keys=train_len,
-                                           block=dcfg.block_size, context=context, decode_queries=proposals + 1)
-    for key in ("ar_step_ms", "draft_ms", "verify_ms", "round_ms", "verify_over_ar", "draft_over_ar",
-                "break_even_tau", "train_step_ms", "train_compile_s"):
+    kb = tuple(kernel_backends) if kernel_backends is not None else tuple(backends[1:])
+    if kb:
+        kc = []
+        for d in kernel_head_dims or (tcfg.head_dim,):
+            if late():
+                kc.append({"head_dim": d, "skipped": "device-check budget spent"})
+                continue
+            kc += kernel_check(tcfg.replace(head_dim=d), kb, queries=anchors * dcfg.block_size, keys=train_len,
+                               block=dcfg.block_size, context=context, decode_queries=proposals + 1)
+        out["kernel_check"] = kc
+    trained = next((r for r in rows if "train_step_ms" in r), first)  # the first backend with a train step
+    for key in ("ar_step_ms", "draft_ms", "verify_ms", "round_ms", "ar_over_weight_floor", "verify_over_ar",
+                "draft_over_ar", "break_even_tau"):
         out[key] = first.get(key, float("nan"))
+    for key in ("train_step_ms", "train_compile_s", "mfu"):
+        out[key] = trained.get(key, float("nan"))
     out["train_shape"] = f"{train_batch} x {train_len} tokens, {anchors} anchors"
-    return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
+    out["train_flops_counted"] = TRAIN_FLOPS_DOC
+    return {k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def _device() -> str:
+    d = jax.devices()[0]
+    return f"{d.platform}: {getattr(d, 'device_kind', d)}"
+
+
+def weight_bytes(params, cfg: TargetConfig) -> int:
+    """Bytes an AR step reads from the target's weights: every parameter once, except an untied input
+    embedding (a decode step reads one row of it)."""
+    total = sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(params))
+    if not cfg.tie_word_embeddings:
+        e = params["embed_tokens"]["embedding"]
+        total -= e.size * jnp.dtype(e.dtype).itemsize
+    return int(total)
+
+
+TRAIN_FLOPS_DOC = (
+    "model FLOPs (2 per multiply-add; backward = 2x forward for trained weights, 1x for frozen ones, which "
+    "need only the input gradient): target forward over the sequence for the features (dense layers + "
+    "causal attention over the visible half); drafter over the anchors' blocks (fc, K/V of the context rows, "
+    "draft layers, the frozen LM head, attention to each block's context prefix (mean L/2) + its block), "
+    "forward + backward; DVD adds draft 1 (drafter forward) and verification (target forward over the "
+    "blocks' P+1 tokens, attending to their prefix + block). Element-wise ops, norms and softmax not counted.")
+
+
+def _dense_flops_per_token(params) -> int:
+    """2 x the multiply-adds of every 2-D kernel (a Dense layer) under `params`."""
+    return 2 * sum(x.size for x in jax.tree_util.tree_leaves(params) if getattr(x, "ndim", 0) == 2)
+
+
+def train_flops(tcfg: TargetConfig, dcfg: DrafterConfig, target_params, draft_params, *, batch: int, seq: int,
+                anchors: int, mode: str = "baseline") -> dict[str, float]:
+    """FLOPs of one training step by part (`TRAIN_FLOPS_DOC` says what is counted)."""
+    t_layers = _dense_flops_per_token(target_params["layers"])  # the LM head / embedding: not in the features
+    h, d = tcfg.num_heads, tcfg.layer_head_dim(0)
+    tq = batch * seq
+    attn_t = 2 * 2 * tcfg.num_layers * h * d  # scores + values per (query, visible key)
+    out = {"target_features": float(t_layers * tq + attn_t * batch * seq * seq / 2)}
+    blk = dcfg.block_size
+    q = batch * anchors * blk  # drafter query tokens
+    dl = draft_params["layers"]
+    d_layers = _dense_flops_per_token(dl)
+    kv = sum(_dense_flops_per_token({k: dl[i]["self_attn"][k] for k in ("k_proj", "v_proj") if k in dl[i]["self_attn"]})
+             for i in dl)
+    fc = _dense_flops_per_token({"fc": draft_params["fc"]})
+    vocab = len(dcfg.draft_vocab) or tcfg.vocab_size
+    head = 2 * tcfg.hidden_size * vocab
+    bb = dcfg.backbone
+    attn_d = 2 * 2 * bb.num_layers * bb.num_heads * bb.layer_head_dim(0) * (seq / 2 + blk)
+    fwd = d_layers * q + (fc + kv) * tq + head * q + attn_d * q  # one drafter forward over all blocks
+    out["drafter_train"] = float(3 * (d_layers * q + (fc + kv) * tq + attn_d * q) + 2 * head * q)
+    if mode != "baseline":
+        p1 = batch * anchors * (dcfg.num_proposals + 1)
+        out["draft1"] = float(fwd)
+        out["verify"] = float(t_layers * p1 + attn_t * p1 * (seq / 2 + dcfg.num_proposals + 1))
+    out["total"] = float(sum(out.values()))
+    return out
 
 
 def _error(e: Exception) -> str:
@@ -149,7 +261,8 @@ def kernel_check(tcfg: TargetConfig, backends, *, queries: int, keys: int, block
     d_ref = decode_fn("einsum")(qd, kc, vc)
     rows = []
     for bk in backends:
-        row: dict[str, Any] = {"backend": bk, "shape": f"train q {t} x ctx {keys}, decode q {tq} x {context}"}
+        row: dict[str, Any] = {"backend": bk, "head_dim": d,
+                               "shape": f"train q {t} x ctx {keys}, decode q {tq} x {context}"}
         try:
             (_, o), g = train_fn(bk)(q, k, v, kb, vb)
             row["train_out_rel"] = float(f"{rel(o, o_ref):.3g}")
@@ -161,8 +274,10 @@ def kernel_check(tcfg: TargetConfig, backends, *, queries: int, keys: int, block
     return rows
 
 
-def _decode_times(tcfg, dcfg, tp, dp, prompt, lens, max_len: int, repeats: int) -> dict[str, float]:
-    """Target AR step, drafting, verification and a full round at a fixed context, in ms."""
+def _decode_times(tcfg, dcfg, tp, dp, prompt, lens, max_len: int, repeats: int,
+                  trace_dir: str | None = None) -> dict[str, float]:
+    """Target AR step, drafting, verification and a full round at a fixed context, in ms; with
+    `trace_dir`, a `jax.profiler` trace of one more (warm) round there."""
     batch = prompt.shape[0]
     sc = sp.SpecConfig(target=tcfg, drafter=dcfg, attend_carried=True)
     out = {}
@@ -205,16 +320,22 @@ def _decode_times(tcfg, dcfg, tp, dp, prompt, lens, max_len: int, repeats: int) 
     out["draft_ms"] = _median_ms(draft, repeats)
     out["verify_ms"] = _median_ms(verify, repeats)
     out["round_ms"] = _median_ms(round_, repeats)
+    if trace_dir:
+        with jax.profiler.trace(trace_dir):
+            jax.block_until_ready(round_())
+        out["trace_dir"] = trace_dir
     return out
 
 
-def _train_step(tcfg, dcfg, tp, batch, anchors: int, backend: str, repeats: int) -> dict[str, Any]:
-    """Compile (with XLA's memory analysis of the step) and time one training step with `backend`; a
-    backend that fails to compile or run is reported, not raised, so one device run covers the rest."""
-    row: dict[str, Any] = {"backend": backend}
+def _train_step(tcfg, dcfg, tp, batch, anchors: int, backend: str, repeats: int, *, mode: str = "baseline",
+                peak_tflops: float = PEAK_TFLOPS) -> dict[str, Any]:
+    """Compile (with XLA's memory analysis of the step) and time one training step of `mode` with
+    `backend`, with its model FLOPs (`train_flops`) and MFU; a backend that fails to compile or run is
+    reported, not raised, so one device run covers the rest."""
+    row: dict[str, Any] = {"backend": backend, "mode": mode}
     try:
         cfg = TrainConfig(num_anchors=anchors, steps=10, compute_dtype=tcfg.dtype, remat=True,
-                          attention_backend=backend)
+                          attention_backend=backend, mode=mode)
         stc = step_config(cfg, tcfg, dcfg)
         opt = make_optimizer(cfg, 10)
         st = init_state(init_drafter_params(stc.drafter, jax.random.key(2)), opt, 0)
@@ -226,7 +347,12 @@ def _train_step(tcfg, dcfg, tp, batch, anchors: int, backend: str, repeats: int)
         loss = compiled(st, tp, batch)[1]["loss"]
         row["loss"] = float(jax.block_until_ready(loss))
         row["compile_s"] = round(time.perf_counter() - t, 2)
-        row["train_step_ms"] = round(_median_ms(lambda: compiled(st, tp, batch)[1]["loss"], repeats), 2)
+        ms = _median_ms(lambda: compiled(st, tp, batch)[1]["loss"], repeats)
+        b, seq = batch["input_ids"].shape
+        flops = train_flops(tcfg, stc.drafter, tp, st.params, batch=b, seq=seq, anchors=anchors, mode=mode)
+        row["train_step_ms"] = round(ms, 2)
+        row["tflop"] = {k: float(f"{v / 1e12:.4g}") for k, v in flops.items()}
+        row["mfu"] = float(f"{flops['total'] / (ms / 1e3) / (peak_tflops * 1e12):.3g}")
     except Exception as e:  # noqa: BLE001 - a device check reports every backend
         row["error"] = _error(e)
     return row
@@ -254,26 +380,44 @@ def _describe(c: TargetConfig) -> str:
 
 
 def format_table(r: dict[str, Any]) -> str:
-    rows = [("target AR step (T=1)", r["ar_step_ms"], 1.0), ("drafting", r["draft_ms"], r["draft_over_ar"]),
+    """Markdown: the first backend's step times and ratios, one row per backend, the training steps
+    (time, MFU, FLOPs), the kernel check."""
+    num = lambda x: isinstance(x, (int, float)) and x == x  # noqa: E731  (not NaN)
+    ar = r["ar_step_ms"]
+    rows = [("target AR step (T=1)", ar, 1.0), ("drafting", r["draft_ms"], r["draft_over_ar"]),
             ("verification (T=P+1)", r["verify_ms"], r["verify_over_ar"]),
             ("speculative round", r["round_ms"], r["break_even_tau"]),
-            (f"train step ({r['train_shape']})", r["train_step_ms"], r["train_step_ms"] / r["ar_step_ms"])]
-    lines = [f"{r['target']} | drafter {r['drafter']} | batch {r['batch']}, context {r['context']} | {r['device']}",
-             "| step | ms | / AR step |", "|---|---|---|"]
+            (f"train step ({r['train_shape']})", r["train_step_ms"],
+             r["train_step_ms"] / ar if num(ar) and num(r["train_step_ms"]) else float("nan"))]
+    lines = [f"{r['target']} | drafter {r['drafter']} | batch {r['batch']}, context {r['context']} | {r['device']}"
+             f" | jax {r.get('jax', jax.__version__)}", "", "| step | ms | / AR step |", "|---|---|---|"]
     lines += [f"| {name} | {ms:.2f} | {ratio:.2f}x |" for name, ms, ratio in rows]
     lines.append(f"\nbreak-even tau (round / AR step): {r['break_even_tau']}")
+    if "weight_floor_ms" in r:
+        lines.append(f"AR step / weight-read floor: {r.get('ar_over_weight_floor')} (floor {r['weight_floor_ms']} ms: "
+                     f"{r['weight_floor']})")
     bks = r.get("backends", [])
-    if len(bks) > 1 or any("error" in b for b in bks):
-        f = lambda b, k: f"{b[k]:.2f}" if k in b else "-"  # noqa: E731
-        lines += ["", "| backend | AR ms | verify ms | verify / AR | round / AR | train ms | train x first | "
-                  "train temp GB | error |", "|---|---|---|---|---|---|---|---|---|"]
+    f = lambda b, k: f"{b[k]:.2f}" if num(b.get(k)) else "-"  # noqa: E731
+    if len(bks) > 1 or any("error" in b or "skipped" in b for b in bks):
+        lines += ["", "| backend | AR ms | AR / floor | verify ms | verify / AR | round / AR | train ms | "
+                  "train x first | train temp GB | error |", "|---|---|---|---|---|---|---|---|---|---|"]
         for b in bks:
-            lines.append(f"| {b['backend']} | {f(b, 'ar_step_ms')} | {f(b, 'verify_ms')} | {f(b, 'verify_over_ar')} | "
-                         f"{f(b, 'break_even_tau')} | {f(b, 'train_step_ms')} | "
-                         f"{f(b, 'train_step_ms_x_first_backend')} | {b.get('train_temp_gb', '-')} | "
-                         f"{b.get('error', '')} |")
+            lines.append(f"| {b['backend']} | {f(b, 'ar_step_ms')} | {f(b, 'ar_over_weight_floor')} | "
+                         f"{f(b, 'verify_ms')} | {f(b, 'verify_over_ar')} | {f(b, 'break_even_tau')} | "
+                         f"{f(b, 'train_step_ms')} | {f(b, 'train_step_ms_x_first_backend')} | "
+                         f"{b.get('train_temp_gb', '-')} | {b.get('error', b.get('skipped', ''))} |")
+    trains = [(b["backend"], v) for b in bks for k, v in b.items() if k.startswith("train_") and isinstance(v, dict)]
+    if trains:
+        lines += ["", f"| train step ({r['train_shape']}) | ms | model TFLOP | MFU (of {r.get('peak_tflops')} TFLOP/s) "
+                  "| temp GB | note |", "|---|---|---|---|---|---|"]
+        for bk, t in trains:
+            tf = t.get("tflop", {})
+            lines.append(f"| {t.get('mode')} ({bk}) | {f(t, 'train_step_ms')} | {tf.get('total', '-')} | "
+                         f"{t.get('mfu', '-')} | {t.get('temp_gb', '-')} | {t.get('error', t.get('skipped', ''))} |")
+        lines.append(f"\nFLOPs counted: {r.get('train_flops_counted', '')}")
     for c in r.get("kernel_check", []):
-        lines.append(f"\nkernel check {c['backend']} vs einsum ({c['shape']}): " + (
-            c["error"] if "error" in c else f"train out {c['train_out_rel']}, grads {c['train_grad_rel']}, "
-                                            f"decode out {c['decode_out_rel']} (max abs diff / max abs)"))
+        head = f"\nkernel check {c.get('backend', '')} vs einsum, head dim {c.get('head_dim')} ({c.get('shape', '')}): "
+        lines.append(head + (c.get("error") or c.get("skipped") or (
+            f"train out {c['train_out_rel']}, grads {c['train_grad_rel']}, decode out {c['decode_out_rel']} "
+            "(max abs diff / max abs)")))
     return "\n".join(lines)
