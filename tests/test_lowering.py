@@ -18,6 +18,7 @@ from carryover_jax.decode import speculative as sp
 from carryover_jax.models import kernels
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.target import abstract_params
+from carryover_jax.numerics import Numerics
 from tests.lowering import TRITON_CALL, data_dependent_whiles, lower_text
 
 SMALL = dict(num_layers=3, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -33,17 +34,17 @@ TARGETS = {
 PROPOSALS, PROMPT, MAX_LEN = 3, 12, 128
 
 
-def gpu_numerics(cfg, backend="auto"):
-    """What a GPU run uses (`numerics.Numerics.platform_default("cuda")`): bf16, attention "auto"."""
-    return cfg.replace(dtype="bfloat16", param_dtype="bfloat16", attention_backend=backend)
+def gpu_numerics(backend="auto") -> Numerics:
+    """What a GPU run uses: the platform default for cuda (bf16, attention "auto"), or another backend."""
+    return Numerics.platform_default("cuda").replace(attention_backend=backend)
 
 
 def _configs(name: str, kind: str, backend: str):
-    tc = gpu_numerics(TARGETS[name], backend)
+    tc = TARGETS[name].with_numerics(gpu_numerics(backend))
     dc = DrafterConfig.for_target(tc, kind=kind, layout="zlab" if kind == "dflash" else "deepspec",
                                   num_proposals=PROPOSALS, num_layers=1, mask_token_id=0, target_layer_ids=(0, 1),
                                   markov_rank=8 if kind == "markov" else 0)
-    return tc, dc.replace(backbone=dc.backbone.replace(dtype="bfloat16", attention_backend=backend))
+    return tc, dc.with_numerics(gpu_numerics(backend))
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,7 +133,7 @@ def test_kernels_lower_to_triton_at_every_head_dim(d):
 def test_whole_programs_lower_at_every_head_dim(d):
     """AR step and verification of a Qwen3-shaped target with head dim d, pallas, lowered for cuda: one
     Triton call per layer, no data-dependent loop."""
-    tc = gpu_numerics(TARGETS["qwen3"].replace(head_dim=d, num_layers=2), "pallas")
+    tc = TARGETS["qwen3"].replace(head_dim=d, num_layers=2).with_numerics(gpu_numerics("pallas"))
     tp = abstract_params(tc)
     cache, _ = jax.eval_shape(functools.partial(ar.prefill, tc, max_len=MAX_LEN), tp, jnp.zeros((1, PROMPT), jnp.int32),
                               jnp.full((1,), PROMPT, jnp.int32))
