@@ -360,6 +360,14 @@ CLI_ROWS = [
     Row("eval results.json truncated", lambda e: ["eval", "--out", str(e.tmp / "o"), "--from-json",
                                                   write(e, "results.json", '{"config": ')],
         r"results\.json: not valid JSON"),
+    Row("eval offline Carryover arm", lambda e: [
+        "eval", "--target", str(e.target), "--quiet", "--offline", "--out", str(e.tmp / "o"),
+        "--drafter", f"a={e.drafter}:carryover", "--datasets", str(e.prompts)],
+        r"drafter a: --offline scores arms without carried rows only: a Carryover arm's proposals depend on the "
+        r"previous round's rejected verify states"),
+    Row("eval offline batch 0", lambda e: [
+        "eval", "--target", str(e.target), "--quiet", "--offline", "--offline-batch", "0", "--out", str(e.tmp / "o"),
+        "--drafter", f"a={e.drafter}", "--datasets", str(e.prompts)], r"--offline-batch must be >= 1"),
     # train
     Row("train store missing", lambda e: train_args(e, store=str(e.tmp / "nostore")),
         r"no such response store .*nostore"),
