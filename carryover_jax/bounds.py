@@ -24,13 +24,14 @@ SEED_MAX = 2 ** 32 - 1  # jax.random.key takes a uint32-range seed on every back
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
-    """An allowed range: integer or real, `low <= v <= high` (`low` excluded when `open_low`), plus
-    `None` when `optional` and the listed `extra` values (MeshConfig's -1)."""
+    """An allowed range: integer or real, `low <= v <= high` (`low` / `high` excluded when `open_low` /
+    `open_high`), plus `None` when `optional` and the listed `extra` values (MeshConfig's -1)."""
 
     low: float
     high: float
     integer: bool = True
     open_low: bool = False
+    open_high: bool = False
     optional: bool = False
     extra: tuple = ()
 
@@ -39,7 +40,7 @@ class Bound:
         lo = "(" if self.open_low else "["
         hi = "inf" if math.isinf(self.high) else f"{self.high:g}" if not self.integer else f"{int(self.high)}"
         low = f"{self.low:g}" if not self.integer else f"{int(self.low)}"
-        text = f"{kind} in {lo}{low}, {hi}]"
+        text = f"{kind} in {lo}{low}, {hi}{')' if self.open_high else ']'}"
         if self.extra:
             text += " or " + " or ".join(str(x) for x in self.extra)
         return text + (" or None" if self.optional else "")
@@ -56,7 +57,8 @@ class Bound:
             return False
         if v in self.extra:
             return True
-        return (v > self.low if self.open_low else v >= self.low) and v <= self.high
+        above = v > self.low if self.open_low else v >= self.low
+        return above and (v < self.high if self.open_high else v <= self.high)
 
 
 def count(low: int = 1, high: int = INT32_MAX, **kw) -> Bound:

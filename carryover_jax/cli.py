@@ -321,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-len", type=int, default=None, help="KV cache length (default: fits the request)")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
-    g.add_argument("--drafter", type=user_path, help="drafter folder (native, z-lab or DeepSpec format): speculative decoding")
+    g.add_argument("--drafter", type=user_path,
+                   help="drafter folder (native, z-lab or DeepSpec format): speculative decoding")
     g.add_argument("--no-carryover", action="store_true", help="plain drafter: do not carry rejected states")
     g.add_argument("--greedy-drafts", action="store_true",
                    help="draft by argmax at any temperature (z-lab's reference loop); still lossless")
@@ -345,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write a drafter as a PyTorch checkpoint (z-lab DFlash or DeepSpec format)")
     e.add_argument("--drafter", required=True, type=user_path, help="drafter folder (native, z-lab or DeepSpec)")
     e.add_argument("--format", choices=["zlab", "deepspec"], required=True)
-    e.add_argument("--target", default="smollm2", type=name_or_path, help="target whose embed/lm_head the DeepSpec format stores")
+    e.add_argument("--target", default="smollm2", type=name_or_path,
+                   help="target whose embed/lm_head the DeepSpec format stores")
     e.add_argument("--dtype", choices=["bfloat16", "float32", "keep"], default="bfloat16")
     e.add_argument("--out", required=True, type=user_path)
     e.set_defaults(func=_cmd_export)
@@ -357,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, text in (("prepare", _cmd_prepare, "regenerate training responses with the target (resumable)"),
                            ("train", _cmd_train, "train a drafter (resumes from the run's last checkpoint)")):
         t = sub.add_parser(name, help=text)
-        t.add_argument("--config", default="smollm2", type=name_or_path, help="tiny | smollm2 | qwen3_4b | path/to/config.py")
+        t.add_argument("--config", default="smollm2", type=name_or_path,
+                       help="tiny | smollm2 | qwen3_4b | path/to/config.py")
         t.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config field, e.g. --set steps=100 --set data.max_len=512")
         t.add_argument("--quiet", action="store_true", help="no progress bar")

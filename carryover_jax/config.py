@@ -489,7 +489,7 @@ class DrafterConfig:
     def __post_init__(self):
         B.check_fields(self, dict(block_size=B.size(), num_target_layers=B.size(), mask_token_id=B.count(0),
                                   markov_rank=B.size(0)))
-        B.check_ids("target_layer_ids", self.target_layer_ids, low=-1)
+        B.check_ids("target_layer_ids", self.target_layer_ids, low=-B.INT32_MAX)  # the range: below, per target
         B.check_ids("draft_vocab", self.draft_vocab)
         if self.kind not in DRAFTER_KINDS:
             raise ConfigError(f"unknown drafter kind {self.kind!r}; supported: {', '.join(DRAFTER_KINDS)}")
@@ -708,7 +708,8 @@ class DrafterSpec:
 _TRAIN_BOUNDS = dict(
     batch_size=B.size(), num_anchors=B.size(), steps=B.count(), epochs=B.count(optional=True),
     lr=B.positive(1.0), warmup_ratio=B.real(high=1.0), weight_decay=B.real(high=1.0), grad_clip=B.positive(1e9),
-    b1=B.real(high=1.0 - 1e-12), b2=B.real(high=1.0 - 1e-12), eps=B.positive(1.0), loss_decay_gamma=B.positive(),
+    b1=B.real(high=1.0, open_high=True), b2=B.real(high=1.0, open_high=True), eps=B.positive(1.0),
+    loss_decay_gamma=B.positive(),
     ce_weight=B.real(optional=True), l1_weight=B.real(optional=True), kl_weight=B.real(), loss_chunk_rows=B.size(0),
     seed=B.SEED, log_every=B.count(), save_every=B.count(), keep_checkpoints=B.count(1, 1000),
     snapshot_every=B.count(0),

@@ -120,7 +120,8 @@ def test_training_anchor_mask_with_carried_rows(layout, backend):
     # a block's queries see the context strictly before its anchor (none for unused slots)
     anchor = np.repeat(np.asarray(blk.anchors), t, axis=1)
     keep = np.repeat(np.asarray(blk.keep), t, axis=1)
-    np.testing.assert_array_equal(Prefix(limit).dense(s), (np.arange(s)[None, None] < anchor[..., None]) & keep[..., None])
+    want = (np.arange(s)[None, None] < anchor[..., None]) & keep[..., None]
+    np.testing.assert_array_equal(Prefix(limit).dense(s), want)
     q, k, v = _qkv(rng, n * t, s)
     kc, vc = _qkv(rng, n * p, n * p)[1:]
     kb, vb = _qkv(rng, n * t, n * t)[1:]

@@ -404,7 +404,7 @@ CLI_ROWS = [
     Row("train warmup_ratio 2", lambda e: train_args(e, "--set", "warmup_ratio=2"), r"warmup_ratio must be a finite "
         r"number in \[0, 1\]"),
     Row("train grad_clip 0", lambda e: train_args(e, "--set", "grad_clip=0"), r"grad_clip must be a finite number in \(0, "),
-    Row("train b2 1", lambda e: train_args(e, "--set", "b2=1"), r"b2 must be a finite number in \[0, 1\]"),
+    Row("train b2 1", lambda e: train_args(e, "--set", "b2=1"), r"b2 must be a finite number in \[0, 1\), got 1\.0"),
     Row("train seed -1", lambda e: train_args(e, "--set", "seed=-1"), r"seed must be an integer in \[0, 4294967295\]"),
     Row("train save_every 0", lambda e: train_args(e, "--set", "save_every=0"), r"save_every must be an integer in \[1, "),
     Row("train loss weights all 0", lambda e: train_args(e, "--set", "ce_weight=0", "--set", "l1_weight=0"),
@@ -473,6 +473,13 @@ def _spec_prefill(e: Env, *, max_len: int, max_rounds: int | None = None):
                       max_rounds=max_rounds)
 
 
+def _spec_config(e: Env, **kw):
+    from carryover_jax.decode import speculative as sp
+    from carryover_jax.loading import load_drafter
+
+    return sp.SpecConfig(target=e.loaded.cfg, drafter=load_drafter(e.drafter).cfg, **kw)
+
+
 def _api_rows():
     from carryover_jax.config import DataConfig, TrainConfig
     from carryover_jax.decode.generate import generate, speculative_generate
@@ -515,6 +522,8 @@ def _api_rows():
             r"the prompt bucket of 16 tokens is longer than the cache \(max_len=8\)", RequestError),
         Row("api init_drafter num_layers 0", lambda e: lambda: init_drafter(e.loaded, num_layers=0, mask_token_id=4),
             r"num_layers must be an integer in \[1, 1048576\], got 0", ConfigError),
+        Row("api SpecConfig top_p 0", lambda e: lambda: _spec_config(e, top_p=0.0), r"top_p must be in \(0, 1\]",
+            RequestError),
         Row("api TrainConfig steps -1", lambda e: lambda: TrainConfig(steps=-1), r"steps must be an integer", ConfigError),
         Row("api DataConfig top_p 0", lambda e: lambda: DataConfig(top_p=0.0), r"data\.top_p must be in \(0, 1\]",
             ConfigError),
@@ -583,7 +592,7 @@ API_ROW_IDS = ["api generate prompt past the context", "api generate top_p 1.5",
                "api iter_jsonl duplicate id", "api load_drafter layout mismatch",
                "api speculative prefill past max_len", "api speculative max_rounds too small",
                "api speculative prompt bucket past max_len", "api init_drafter num_layers 0", "api TrainConfig steps -1",
-               "api DataConfig top_p 0"]
+               "api DataConfig top_p 0", "api SpecConfig top_p 0"]
 
 
 @pytest.mark.parametrize("row_id", API_ROW_IDS)

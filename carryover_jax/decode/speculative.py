@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 
 import flax.struct
 import jax
@@ -47,6 +48,12 @@ class SpecConfig:
     # z-lab's reference loop drafts greedily at any temperature; verification stays lossless because
     # q is then a point mass. Off: drafts are sampled at the target's temperature (DeepSpec).
     greedy_drafts: bool = False
+
+    def __post_init__(self):  # the static sampling settings (per-row temperatures are checked by callers)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral) or self.top_k < 0:
+            raise RequestError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, numbers.Real) or not 0.0 < self.top_p <= 1.0:
+            raise RequestError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
 
     @property
     def P(self) -> int:

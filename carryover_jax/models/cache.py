@@ -16,7 +16,11 @@ Array = jax.Array
 
 
 def write_chunk(buf: Array, chunk: Array, start: Array) -> Array:
-    """buf [B, Hkv, S, D] <- chunk [B, Hkv, T, D] at per-row slot start[b]."""
+    """buf [B, Hkv, S, D] <- chunk [B, Hkv, T, D] at per-row slot start[b].
+
+    `dynamic_update_slice` clamps a start past S - T, which would shift the chunk back over committed
+    slots: callers size the cache so that no write clamps (`decode.speculative.check_request`,
+    `decode.generate.plan_lengths`)."""
 
     def one(b, c, s):
         return jax.lax.dynamic_update_slice_in_dim(b, c.astype(b.dtype), s, axis=1)
