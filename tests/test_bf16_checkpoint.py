@@ -18,10 +18,11 @@ from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.numerics import Numerics
 from tests.hf_models import hf_forward, tiny_hf_config
 
-# a bf16 body (verification's P+1 rows vs AR's 1 row) may round its hidden states differently, which can
-# split a near-tie of the target's logits: a speculative token that differs from AR's must be such a tie,
-# i.e. the two tokens' float32-reference logits differ by less than this (the logits here are O(1)-O(10))
-TIE_MARGIN = 0.1
+# a bf16 body rounds its hidden states (and verification's P+1 rows round unlike AR's 1 row), which can
+# split a near-tie of the target's logits: where two greedy sequences differ, the first differing tokens
+# must be such a tie, i.e. their float32-reference logits differ by less than this. (These random tiny
+# models have flat distributions: Gemma 3's soft-capped logits here span ~0.4, its top 3 within 0.003.)
+TIE_MARGIN = 0.05
 MAX_NEW = [12, 5, 16]
 
 
@@ -51,7 +52,10 @@ def bf16_ckpt(request, tmp_path_factory):
                 p.add_(0.3 * torch.randn_like(p))
     path = tmp_path_factory.mktemp(f"bf16_{request.param}")
     model.to(torch.bfloat16).save_pretrained(path)
-    return path, model.float()  # bf16 values, computed in float32: the reference
+    # the reference: transformers reading that checkpoint into float32 (RoPE tables computed afresh in
+    # float32, as when HF loads a bf16 release; the bf16-cast model's own buffers are rounded)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    return path, ref.eval()
 
 
 def test_the_checkpoint_is_bf16_on_disk(bf16_ckpt):
@@ -84,10 +88,23 @@ def test_bf16_compute_keeps_the_checkpoint_and_follows_float32(bf16_ckpt):
     prompts = _prompts()
     want = generate(f32, prompts, max_new_tokens=MAX_NEW, stop_token_ids=[])
     got = generate(bf, prompts, max_new_tokens=MAX_NEW, stop_token_ids=[])
-    for w, g in zip(want, got):  # bounded agreement: bf16 may flip a near-tie late, not the first tokens
-        assert g.token_ids[:4] == w.token_ids[:4]
-    agree = np.mean([a == b for w, g in zip(want, got) for a, b in zip(w.token_ids, g.token_ids)])
-    assert agree > 0.75, agree
+    # bf16 follows float32 until a near-tie splits them (a split elsewhere fails); after a split the
+    # sequences are different continuations, so the shared prefix is bounded below only loosely
+    matched = sum(_matched_until_a_tie(f32, p, w.token_ids, g.token_ids) for p, w, g in zip(prompts, want, got))
+    assert matched >= sum(MAX_NEW) / 3, matched
+
+
+def _matched_until_a_tie(f32, prompt, a, b) -> int:
+    """Tokens two greedy sequences share before they first differ; where they do, the differing tokens'
+    float32 logits (`f32`, the same weights) must be within TIE_MARGIN."""
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if i is None:
+        assert a == b
+        return len(a)
+    logits = np.asarray(f32.model.apply({"params": f32.params}, jnp.asarray([prompt + a[:i]]))[0][0, -1])
+    margin = abs(float(logits[a[i]] - logits[b[i]]))
+    assert margin < TIE_MARGIN, f"token {i} differs ({a[i]} vs {b[i]}) by a float32 logit margin of {margin:.4f}"
+    return i
 
 
 def _prompts(seed=0, lens=(4, 13, 7)):
@@ -95,10 +112,13 @@ def _prompts(seed=0, lens=(4, 13, 7)):
     return [rng.integers(3, 97, size=n).tolist() for n in lens]
 
 
-VARIANTS = {  # name -> DrafterConfig.for_target kwargs, speculative carryover
+# name -> DrafterConfig.for_target kwargs, speculative carryover. With tests/test_bf16_decode.py (an untied
+# Llama: dflash/zlab and markov/deepspec with Carryover, dflash/deepspec without) every variant runs in bf16
+# against float32 target heads; here the tied heads (Qwen3, Gemma 3), where AR's 1-row and verification's
+# multi-row head take different forms on CPU (`Numerics.lm_head`)
+VARIANTS = {
     "dflash-zlab": (dict(kind="dflash", layout="zlab"), True),
     "dflash-zlab-plain": (dict(kind="dflash", layout="zlab", carryover=False), False),
-    "dflash-deepspec": (dict(kind="dflash", layout="deepspec"), True),
     "markov-deepspec": (dict(kind="markov", layout="deepspec", markov_rank=8), True),
     "markov-zlab": (dict(kind="markov", layout="zlab", markov_rank=8), True),
     "dflash-draft-vocab": (dict(kind="dflash", layout="zlab", draft_vocab=tuple(range(3, 60))), True),
@@ -107,8 +127,9 @@ VARIANTS = {  # name -> DrafterConfig.for_target kwargs, speculative carryover
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_bf16_greedy_speculative_equals_bf16_ar(bf16_ckpt, variant):
-    """Every drafter variant, bf16 target and drafter compute (float32 drafter params), float32 heads:
-    greedy speculative decoding emits AR's tokens; a difference is allowed only at a near-tie (TIE_MARGIN)."""
+    """Drafter variants, bf16 target and drafter compute (float32 drafter params), float32 heads: greedy
+    speculative decoding emits AR's tokens; a difference is allowed only at a near-tie (TIE_MARGIN). (~10 s
+    each on a quiet 2-core CPU, mostly the compile of the decode loop.)"""
     path, _ = bf16_ckpt
     if path.name.startswith("bf16_gemma3") and variant not in ("dflash-zlab", "markov-deepspec"):
         pytest.skip("Gemma 3: two variants (the drafter layers are shared; the Qwen3 target runs all)")
@@ -123,19 +144,8 @@ def test_bf16_greedy_speculative_equals_bf16_ar(bf16_ckpt, variant):
     out, stats = speculative_generate(target, drafter, prompts, max_new_tokens=MAX_NEW, stop_token_ids=[],
                                       carryover=carryover)
     assert stats["rounds"] > 0
-    f32 = None
-    matched = 0
-    for prompt, r, o in zip(prompts, ref, out):
-        a, b = r.token_ids, o.token_ids
-        i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if i is None:
-            assert a == b
-            matched += len(a)
-            continue
-        if f32 is None:  # the float32 reference of the same (bf16) weights
-            f32 = load_target(path, tokenizer=False)
-        logits = np.asarray(f32.model.apply({"params": f32.params}, jnp.asarray([prompt + a[:i]]))[0][0, -1])
-        margin = abs(float(logits[a[i]] - logits[b[i]]))
-        assert margin < TIE_MARGIN, f"{variant}: token {i} differs from AR ({a[i]} vs {b[i]}) by {margin:.3f}"
-        matched += i
-    assert matched >= 0.75 * sum(MAX_NEW), matched
+    if [r.token_ids for r in out] == [r.token_ids for r in ref]:
+        return
+    f32 = load_target(path, tokenizer=False)  # the float32 reference of the same (bf16) weights
+    matched = sum(_matched_until_a_tie(f32, p, r.token_ids, o.token_ids) for p, r, o in zip(prompts, ref, out))
+    assert matched >= 0.5 * sum(MAX_NEW), matched
