@@ -118,7 +118,6 @@ def _prompts(seed=0, lens=(4, 13, 7)):
 # multi-row head take different forms on CPU (`Numerics.lm_head`)
 VARIANTS = {
     "dflash-zlab": (dict(kind="dflash", layout="zlab"), True),
-    "dflash-zlab-plain": (dict(kind="dflash", layout="zlab", carryover=False), False),
     "markov-deepspec": (dict(kind="markov", layout="deepspec", markov_rank=8), True),
     "markov-zlab": (dict(kind="markov", layout="zlab", markov_rank=8), True),
     "dflash-draft-vocab": (dict(kind="dflash", layout="zlab", draft_vocab=tuple(range(3, 60))), True),
@@ -128,11 +127,11 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_bf16_greedy_speculative_equals_bf16_ar(bf16_ckpt, variant):
     """Drafter variants, bf16 target and drafter compute (float32 drafter params), float32 heads: greedy
-    speculative decoding emits AR's tokens; a difference is allowed only at a near-tie (TIE_MARGIN). (~10 s
-    each on a quiet 2-core CPU, mostly the compile of the decode loop.)"""
+    speculative decoding emits AR's tokens; a difference is allowed only at a near-tie (TIE_MARGIN). (~50 s
+    each on the shared 2-core machine at load ~10, most of it compiling the decode loop.)"""
     path, _ = bf16_ckpt
-    if path.name.startswith("bf16_gemma3") and variant not in ("dflash-zlab", "markov-deepspec"):
-        pytest.skip("Gemma 3: two variants (the drafter layers are shared; the Qwen3 target runs all)")
+    if path.name.startswith("bf16_gemma3") and variant != "markov-deepspec":
+        pytest.skip("Gemma 3: one variant (the draft layers are shared; the Qwen3 target runs them all)")
     target = load_target(path, tokenizer=False, dtype="bfloat16")
     kw, carryover = VARIANTS[variant]
     cfg = DrafterConfig.for_target(target.cfg, num_proposals=4, num_layers=1, mask_token_id=4,
