@@ -371,7 +371,8 @@ def render_offline(result: dict[str, Any]) -> str:
         L += ["", "### Paired comparisons (same rollouts)", "",
               "Mean per-rollout difference of τ and relative gain of the mean, 95% paired-bootstrap interval over "
               "prompts (a prompt's value at T > 0: its mean over seeds); **resolved**: the interval excludes 0.", "",
-              "| arms | dataset | T | prompts x seeds | Δτ [95%] | τ gain [95%] | |", "|---|---|---|---|---|---|---|",
+              "| arms | dataset | T | prompts x seeds | Δτ [95%] | τ gain [95%] | resolved? |",
+              "|---|---|---|---|---|---|---|",
               *rows]
     return "\n".join(L) + "\n"
 

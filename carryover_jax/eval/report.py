@@ -177,9 +177,11 @@ def render_paired(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     return ["### Paired comparisons (same prompts)", "",
             "Every pair of arms on the same prompts (and seeds): the mean per-prompt difference of τ and the "
             "relative gain of the per-prompt mean, of τ and of speedup over AR, each with a 95% paired-bootstrap "
-            "interval (prompts resampled with replacement, and seeds at T > 0). **resolved**: the interval "
-            "excludes 0. Per-prompt values: `results.json`, `summary.temperatures.T.paired.values`.", "",
-            "| arms | dataset | T | prompts x seeds | Δτ [95%] | τ gain [95%] | τ | speedup gain [95%] | speedup |",
+            "interval (prompts resampled with replacement; at T > 0 a prompt's value is its mean over the seeds). "
+            "**resolved**: the interval excludes 0. Per-prompt values: `results.json`, "
+            "`summary.temperatures.T.paired.values`.", "",
+            "| arms | dataset | T | prompts x seeds | Δτ [95%] | τ gain [95%] | τ: resolved? | speedup gain [95%] "
+            "| speedup: resolved? |",
             "|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
