@@ -17,6 +17,7 @@ from carryover_jax.models.drafter import Drafter, frozen_from_target, proposal_s
 from carryover_jax.models.layers import Prefix
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
+from carryover_jax.train import edr
 from carryover_jax.train.objectives import combine, row_terms
 
 if TYPE_CHECKING:
@@ -63,6 +64,13 @@ def proposal_hidden(params, dc: DrafterConfig, frozen, feats, blk: A.Blocks, car
 def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, blk: A.Blocks, carried=None):
     """Loss and metrics of the drafter on the blocks `blk` (baseline training, or DVD's draft 2);
     `carried` as in `proposal_hidden`."""
+    terms = block_terms(params, sc, target_params, frozen, ids, feats, last, blk, carried)
+    return combine(*terms, blk.eval_mask, gamma=sc.gamma, ce_weight=sc.ce_weight, l1_weight=sc.l1_weight,
+                   kl_weight=sc.kl_weight)
+
+
+def block_terms(params, sc: StepConfig, target_params, frozen, ids, feats, last, blk: A.Blocks, carried=None):
+    """Per-row (ce, l1, alpha, top1, kl) [B, N, P] of the drafter on the blocks `blk` (`objectives.row_terms`)."""
     b, s = ids.shape
     dc = sc.drafter
     t, p, n = dc.block_size, dc.num_proposals, blk.anchors.shape[1]
@@ -83,8 +91,7 @@ def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, 
         return row_terms(z, zt, lc, dc.draft_vocab)
 
     out = chunked_rows(terms, (h, th, labels, prev), sc.loss_chunk)
-    return combine(*[x.reshape(b, n, p) for x in out], blk.eval_mask, gamma=sc.gamma,
-                   ce_weight=sc.ce_weight, l1_weight=sc.l1_weight, kl_weight=sc.kl_weight)
+    return tuple(x.reshape(b, n, p) for x in out)
 
 
 def target_greedy_labels(sc: StepConfig, target_params, last, blk: A.Blocks) -> jax.Array:
@@ -113,10 +120,55 @@ def baseline_loss(params, sc: StepConfig, target_params, batch, rng):
     feats, last = batch_features(sc, target_params, batch)
     anchors, keep, nvalid = A.sample_anchors(rng, lm, sc.num_anchors)
     blk = A.build_blocks(sc.drafter, ids, lm, anchors, keep, nvalid)
-    loss, metrics = block_loss(params, sc, target_params, frozen_from_target(target_params, sc.target), ids, feats,
-                               last, blk)
+    frozen = frozen_from_target(target_params, sc.target)
+    terms = block_terms(params, sc, target_params, frozen, ids, feats, last, blk)
+    loss, metrics = combine(*terms, blk.eval_mask, gamma=sc.gamma, ce_weight=sc.ce_weight, l1_weight=sc.l1_weight,
+                            kl_weight=sc.kl_weight)
+    if sc.objective == "edr":
+        edr_loss, edr_metrics = edr_term(params, sc, target_params, frozen, ids, lm, feats, last, blk, terms[2],
+                                         nvalid)
+        loss = loss + sc.edr_weight * edr_loss
+        metrics.update(edr_metrics, loss=loss)
     metrics.update(anchor_metrics(keep, nvalid, sc.num_anchors))
     return loss, metrics
+
+
+def all_anchor_acceptance(params, sc: StepConfig, target_params, frozen, ids, lm, feats, last) -> jax.Array:
+    """A [B, S, P] without gradient: the teacher-forced acceptance α of every slot of a round anchored at
+    every position (0 where the position is no anchor candidate or the slot has no label), the blocks
+    computed `num_anchors` at a time (each group is one ordinary training forward)."""
+    b, s = ids.shape
+    g = sc.num_anchors
+    groups = -(-s // g)
+    cand = A.anchor_candidates(lm)
+    pos = jnp.pad(jnp.arange(s, dtype=jnp.int32), (0, groups * g - s)).reshape(groups, 1, g)
+    ok = jnp.pad(cand, ((0, 0), (0, groups * g - s))).reshape(b, groups, g).transpose(1, 0, 2)
+    params = jax.lax.stop_gradient(params)
+
+    def group(xs):
+        anchors, keep = xs
+        anchors = jnp.broadcast_to(anchors, (b, g))
+        blk = A.build_blocks(sc.drafter, ids, lm, anchors, keep, jnp.sum(keep, axis=1))
+        alpha = block_terms(params, sc, target_params, frozen, ids, feats, last, blk)[2]
+        return alpha * blk.eval_mask * keep[..., None]
+
+    acc = jax.lax.map(group, (pos, ok))  # [groups, B, g, P]
+    return jax.lax.stop_gradient(acc.transpose(1, 0, 2, 3).reshape(b, groups * g, -1)[:, :s])
+
+
+def edr_term(params, sc: StepConfig, target_params, frozen, ids, lm, feats, last, blk: A.Blocks, alpha, nvalid):
+    """The EDR surrogate on the sampled blocks (`train/edr.py`), normalised per anchor candidate, and its
+    metrics: expected rounds per candidate and the τ they imply."""
+    acc = all_anchor_acceptance(params, sc, target_params, frozen, ids, lm, feats, last)
+    cand = A.anchor_candidates(lm)
+    rounds, coef = edr.coefficients(acc, cand)
+    at = jnp.take_along_axis(coef, blk.anchors[..., None], axis=1) * blk.eval_mask
+    kept = jnp.sum(blk.keep, axis=1, keepdims=True)
+    weight = jnp.where(blk.keep, nvalid[:, None] / jnp.maximum(kept, 1), 0.0)
+    tokens = jnp.maximum(jnp.sum(cand), 1)
+    loss = edr.surrogate(at, alpha, weight) / tokens
+    return loss, {"edr/rounds_per_token": rounds / tokens, "edr/tau": tokens / jnp.maximum(rounds, 1e-6),
+                  "edr_loss": loss}
 
 
 def anchor_metrics(keep, nvalid, n: int) -> dict:

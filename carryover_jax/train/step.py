@@ -54,6 +54,8 @@ class StepConfig:
     # DVD's draft 1 on recordings sampled at this temperature (0 = greedy): the coupling of dvd.coupled_proposals,
     # with the recording's top-k / top-p
     draft1_temperature: float = 0.0
+    objective: str = "ce"  # "edr": + the expected-decoding-rounds surrogate (train/edr.py), weight edr_weight
+    edr_weight: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
 
@@ -76,6 +78,7 @@ def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: Drafter
         loss_chunk=cfg.loss_chunk_rows, mode=cfg.mode, carry=cfg.dvd_carry, off_metrics=cfg.dvd_off_metrics,
         target_labels=cfg.labels == "target", kl_weight=cfg.kl_weight,
         draft1_temperature=cfg.draft1_temperature, top_k=cfg.data.top_k, top_p=cfg.data.top_p,
+        objective=cfg.objective, edr_weight=cfg.edr_weight,
     )
 
 
