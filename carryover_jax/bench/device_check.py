@@ -10,7 +10,8 @@ Parts, in order of priority, each skipped (and said so) once the budget is spent
    `jax.profiler` trace of one round (compressed into the output);
 3. compiled per-device memory of the data-parallel paper configs with the device's own compiler
    (`bench.train.compiled_memory`);
-4. if time remains: the fast test suite on the device's jax / Python, CPU platform, `-x`, capped.
+4. the `gpu`-marked tests on the device (tests/test_gpu.py), then, if time remains, the fast test
+   suite on the device's jax / Python, CPU platform, `-x`, capped.
 
 Everything goes to `--out` as `device-check.json`, `device-check.md`, `trace-round.tar.gz` and
 `tests.txt` (<= 8 files). `--dry-run` runs every part at toy scale on this machine, with grain and
@@ -147,27 +148,36 @@ def _memory(res: dict, dry: bool, deadline: float):
     res["memory"] = rows
 
 
-def _tests(res: dict, out: Path, dry: bool, deadline: float, root: Path):
-    """The fast suite on this machine's jax/Python, CPU platform, -x, capped at the time left (dry run:
-    collection only, with grain and gguf blocked unless the wheels are installed)."""
-    left = int(deadline - time.monotonic())
-    if left < 30 and not dry:
-        res["tests"] = {"skipped": f"{left} s left"}
-        return
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-m", "not slow and not gpu", "-p", "no:cacheprovider"]
-    if dry:
-        cmd += ["--collect-only"]
+def _pytest(args: list[str], env: dict, timeout: float, root: Path) -> tuple[dict, str]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
     t = time.monotonic()
     try:
-        p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600 if dry else left)
+        p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=max(int(timeout), 1))
         text, rc = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
-        text, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
-    (out / "tests.txt").write_text(text[-200_000:])
+        text, rc = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
     tail = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or [""]
-    res["tests"] = {"rc": rc, "seconds": round(time.monotonic() - t, 1), "summary": tail[0][:300],
-                    "command": " ".join(cmd[1:])}
+    return {"rc": rc, "seconds": round(time.monotonic() - t, 1), "summary": tail[0][:300],
+            "command": "python -m pytest " + " ".join(cmd[3:])}, text
+
+
+def _tests(res: dict, out: Path, dry: bool, deadline: float, root: Path):
+    """The `gpu`-marked tests on the device (tests/test_gpu.py: compiled kernels, bf16 speculative == AR),
+    then the fast suite on the device's jax / Python on the CPU platform, `-x`, capped at the time left
+    (dry run: the gpu tests skip here, the suite is only collected)."""
+    texts = []
+    for name, args, env in (
+            ("gpu_tests", ["-x", "-m", "gpu", "tests/test_gpu.py"], dict(os.environ)),
+            ("tests", ["-x", "-n", "0", "-m", "not slow and not gpu"] + (["--collect-only"] if dry else []),
+             dict(os.environ, JAX_PLATFORMS="cpu"))):
+        left = deadline - time.monotonic()
+        if left < 30 and not dry:
+            res[name] = {"skipped": f"{max(int(left), 0)} s left"}
+            continue
+        res[name], text = _pytest(args, env, 600 if dry else left, root)
+        texts.append(f"==== {res[name]['command']}\n{text[-200_000:]}")
+    if texts:
+        (out / "tests.txt").write_text("\n".join(texts))
 
 
 def _pack_trace(trace_dir: str, out: Path):
@@ -197,8 +207,9 @@ def _markdown(res: dict) -> str:
         for r in res["memory"]:
             lines.append(f"| {r['config']} | {r.get('mode', '-')} | {r.get('devices', '-')} | {r.get('total_gb', '-')} | "
                          f"{r.get('temp_gb', '-')} | {r.get('error', r.get('skipped', r.get('method', '')))} |")
-    if "tests" in res:
-        lines += ["", "## Fast test suite (CPU platform)", "", f"`{res['tests']}`"]
+    for key, title in (("gpu_tests", "gpu-marked tests on the device"), ("tests", "Fast test suite (CPU platform)")):
+        if key in res:
+            lines += ["", f"## {title}", "", f"`{res[key]}`"]
     for k, v in res.get("errors", {}).items():
         lines.append(f"\n**{k} failed**: {v}")
     return "\n".join(lines) + "\n"
