@@ -59,9 +59,24 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval": {"datasets": ["sharegpt", "humaneval", "mtbench"], "prompts_per_dataset": 10, "max_new_tokens": 64,
                  "temperatures": [0.0, 1.0], "seeds": 2, "batch_sizes": [1, 4], "max_len": 1024,
                  "diagnostics": True, "diagnostic_prompts": 1},
-        # the baseline's snapshots scored offline (exact greedy τ, no decoding) on 64 rollouts per dataset
-        # (192; the decoded curve has the eval's 30): ~10 min, most of it recording the rollouts once
-        "curve_offline": {"prompts_per_dataset": 64},
+        # the baseline's snapshots scored offline (exact greedy τ, no decoding) on 48 rollouts per dataset
+        # (144, ~10x the 15 prompts the curve was decoded on before; the decoded curve now has the eval's 30).
+        # Cost, estimated from `carryover eval --offline` on 24 SmolLM2 rollouts x 64 tokens on a loaded machine
+        # (recording ~1.7 CPU-min, scoring 2 arms ~1.4 CPU-min): ~15 min, mostly the target's pass over each
+        # batch of rollouts (prompt included), which every arm of the batch shares
+        "curve_offline": {"prompts_per_dataset": 48},
+    },
+    # the main job on one lent GPU (`--config smollm2_gpu`, launch/gpu_experiment.sh) inside a wall budget:
+    # conversations, steps and eval prompts are not written here but planned from the rates the run measures
+    # in its first seconds (carryover_jax/budget.py; `--dry-run` prints the plan); `train`/`continue` settings
+    # the user passes still win over the plan's
+    "gpu": {
+        "train": {},
+        "continue": {},
+        "eval": {"datasets": ["sharegpt", "humaneval", "mtbench"], "prompts_per_dataset": 10, "max_new_tokens": 128,
+                 "max_prompt_tokens": 256, "temperatures": [0.0, 1.0], "seeds": 2, "batch_sizes": [1, 8, 32],
+                 "max_len": 1024, "diagnostics": True, "diagnostic_prompts": 2},
+        "budget": {"wall_s": 420.0, "min_conversations": 10_000},
     },
 }
 
@@ -94,6 +109,57 @@ def stage_configs(config: str, out: Path, *, preset: str, overrides: list[str] =
     return cfgs
 
 
+# ---- budgeted presets: measure, plan, then size the stages ---------------------------------------------
+EVAL_ARMS = 5  # baseline, control-steps, control-compute, carryover, dvd-nocarry (run_eval)
+
+
+def eval_passes(ev: dict) -> float:
+    """Decoding passes the eval makes over each prompt: every arm and AR at each temperature (seeds at T > 0),
+    once more per throughput batch size, and the diagnostics' logged decode."""
+    temps = sum(1 if t == 0 else ev.get("seeds", 1) for t in ev.get("temperatures", [0.0]))
+    return (EVAL_ARMS + 1) * (temps + len(ev.get("batch_sizes", []))) + (EVAL_ARMS if ev.get("diagnostics") else 0)
+
+
+def budget_plan(config: str, out: Path, *, preset: str, overrides: list[str], continue_overrides: list[str],
+                ev: dict, wall_s: float | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The stage plan of a budgeted preset: `<out>/budget.json` when the run folder has one (a resumed run keeps
+    its sizes), else the rates measured now on this device (`bench/probe.py`) planned into the budget."""
+    from carryover_jax.bench.probe import probe_rates
+    from carryover_jax.budget import Budget, plan_stages, render_plan
+
+    f = out / "budget.json"
+    if f.is_file():
+        plan = json.loads(f.read_text())
+        log("pipeline: budget plan from " + str(f))
+        log(render_plan(plan))
+        return plan
+    spec = PRESETS[preset]["budget"]
+    base = stage_configs(config, out, preset=preset, overrides=overrides, continue_overrides=continue_overrides)
+    base = base["baseline"]
+    log("pipeline: measuring this device's rates for the budget plan ...")
+    target = load_target(base.target, numerics=base.run_numerics(prepare=True))
+    rates, probe_s = probe_rates(base, target, eval_passes=eval_passes(ev))
+    d = base.data
+    budget = Budget(wall_s=float(wall_s if wall_s is not None else spec["wall_s"]), probe_s=probe_s,
+                    # regenerated replies stop at their EOS: ~60% of the token cap per turn
+                    tokens_per_conversation=0.6 * d.max_turns * d.max_new_tokens, batch_size=base.batch_size,
+                    min_conversations=spec.get("min_conversations", 0), max_conversations=d.max_prompts,
+                    eval_tokens_per_prompt=ev["max_new_tokens"], eval_datasets=len(ev["datasets"]))
+    plan = plan_stages(rates, budget)
+    plan["measured_on"] = {"probe_s": round(probe_s, 1)}
+    atomic_write_json(f, plan)
+    log(render_plan(plan))
+    return plan
+
+
+def planned_overrides(plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan as stage overrides (the equal-compute control's steps are measured by its own stage)."""
+    return {"train": [f"data.max_prompts={max(1, plan['conversations'])}", f"steps={plan['steps']['baseline']}",
+                      "epochs=None"],
+            "continue": [f"steps={plan['steps']['dvd']}", "epochs=None"],
+            "eval": {"prompts_per_dataset": plan["eval_prompts_per_dataset"]}}
+
+
 def _done(out: Path, stage: str) -> dict | None:
     f = out / stage / "stage.json"
     return json.loads(f.read_text()) if f.is_file() else None
@@ -108,15 +174,30 @@ def _finish(out: Path, stage: str, info: dict) -> dict:
 def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, preset: str = "quick",
                  overrides: list[str] = (), continue_overrides: list[str] = (), eval_overrides: dict | None = None,
                  curve_overrides: dict | None = None, progress: bool = True,
-                 log: Callable[[str], None] | None = None, stop_after: str | None = None) -> dict[str, Any]:
+                 log: Callable[[str], None] | None = None, stop_after: str | None = None,
+                 budget_s: float | None = None, dry_run: bool = False) -> dict[str, Any]:
     """Run (or resume) every stage; returns the report dict. `stop_after` ends the run after that stage
-    (tests of resumption)."""
+    (tests of resumption). A preset with a budget (`gpu`) first plans its stages from measured rates
+    (`budget_plan`; `budget_s` replaces its wall budget); `dry_run` returns that plan and runs nothing."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
+    ev = {**PRESETS[preset]["eval"], **(eval_overrides or {})}
+    if "budget" in PRESETS[preset]:
+        planned = budget_plan(config, out, preset=preset, overrides=list(overrides),
+                              continue_overrides=list(continue_overrides), ev=ev, wall_s=budget_s, log=log)
+        if dry_run:
+            return {"plan": planned}
+        sized = planned_overrides(planned)
+        overrides = sized["train"] + list(overrides)
+        continue_overrides = sized["continue"] + list(continue_overrides)
+        ev = {**ev, **sized["eval"], **(eval_overrides or {})}
+    elif dry_run:
+        raise ConfigError(f"--dry-run prints a budget plan: preset {preset!r} has no budget (try --preset gpu)")
     cfgs = stage_configs(config, out, preset=preset, overrides=list(overrides),
                          continue_overrides=list(continue_overrides))
-    ev = {**PRESETS[preset]["eval"], **(eval_overrides or {})}
     co = {**PRESETS[preset].get("curve_offline", {}), **(curve_overrides or {})}
     plan = {"config": config, "preset": preset, "eval": ev, "curve_offline": co,
             "stages": {k: dataclasses.asdict(v) for k, v in cfgs.items()}}
