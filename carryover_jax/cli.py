@@ -233,6 +233,14 @@ def _cmd_bench(args) -> int:
             if args.draft_vocab:  # timing only: which K ids does not matter
                 shape["draft_vocab"] = tuple(range(args.draft_vocab))
             drafter = init_drafter(target, kind="dflash", layout="zlab", **shape)
+        if args.torch:  # the PyTorch loop beside transformers AR, z-lab's loop and the JAX engine
+            from carryover_jax.bench import torch_decode
+
+            result = torch_decode.run(target, drafter, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                                      zlab=args.zlab)
+            print(torch_decode.format_table(result))
+            _write_result(result, args.out)
+            return 0
         if args.breakdown:
             result = decode.breakdown(target, drafter, max_lens=tuple(args.max_lens),
                                       repeats=args.repeats if args.repeats > 1 else 25)
@@ -417,6 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--breakdown", action="store_true", help="bench decode: AR step / draft / verify / round times "
                    "and ratios at several cache sizes (--max-lens; --proposals, --draft-layers for the random drafter)")
     b.add_argument("--max-lens", type=SIZE, nargs="+", default=[256, 1024, 4096], help="bench decode --breakdown")
+    b.add_argument("--torch", action="store_true", help="bench decode: tokens/s of transformers AR, z-lab's "
+                   "dflash_generate (--zlab), the PyTorch Carryover loop (carried rows off/on) and the JAX engine")
+    b.add_argument("--zlab", type=user_path, default=None, help="bench decode --torch: a z-lab/dflash checkout, "
+                   "imported at run time (default $CARRYOVER_ZLAB_DFLASH; none: the column is skipped)")
     b.add_argument("--draft-vocab", type=COUNT0, default=0, metavar="K",
                    help="bench decode: the random drafter proposes from a draft vocabulary of K tokens")
     _add_target_args(b)  # --dtype also sets bench steps' dtype (default bfloat16)

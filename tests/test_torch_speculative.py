@@ -37,6 +37,16 @@ VARIANTS = {
 P = 4
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny matrices: one intra-op thread. Two spinning OpenMP threads on a shared 2-core machine made
+    every small torch matmul ~100x slower (30 ms per tiny linear under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _prompts(seed, n, length=6):
     rng = np.random.default_rng(seed)
     return [rng.integers(5, 97, size=length).tolist() for _ in range(n)]
@@ -115,15 +125,16 @@ def test_greedy_equals_transformers_and_jax_round_by_round(setup, variant):
     jdraft = load_drafter(folders[variant], target=target)
     rounds = {}
     taus = []
-    for prompt in _prompts(11, 3):  # the training prompts: long accepted prefixes
-        want = hf_greedy(hf, prompt, 24)
-        for carry in (True, False):
+    prompts = _prompts(11, 3)  # the training prompts: long accepted prefixes
+    for carry in (True, False):
+        # the JAX engine decodes the prompts as one batch (rows are independent): one compile per setting
+        jax_out, _ = speculative_generate(target, jdraft, prompts, max_new_tokens=24, carryover=carry,
+                                          stop_token_ids=[])
+        for prompt, j in zip(prompts, jax_out):
             g = dec.generate(prompt, max_new_tokens=24, carryover=carry, stop_token_ids=[])
-            (j,), _ = speculative_generate(target, jdraft, [prompt], max_new_tokens=24, carryover=carry,
-                                           stop_token_ids=[])
-            assert g.token_ids == want
+            assert g.token_ids == hf_greedy(hf, prompt, 24)
             assert g.accepted == j.stats["accepted_per_round"]
-            assert g.tau == pytest.approx(j.stats["tau"], abs=1e-4)
+            assert g.tau == pytest.approx((len(j.token_ids) - 1) / j.stats["rounds"], abs=1e-4)
             rounds.setdefault(carry, []).append(g.accepted)
             taus.append(g.tau)
     assert np.mean(taus) > 1.5  # proposals really are accepted, often several per round
@@ -220,8 +231,10 @@ def test_sampling_is_lossless(tmp_path, greedy_drafts):
     small = order[np.cumsum(exact[order]) < 0.05]
     keep = np.setdiff1d(np.arange(V ** 3), small)
     obs = np.append(counts[keep], counts[small].sum())
-    expected = n * np.append(exact[keep], exact[small].sum())
-    assert chisquare(obs, expected * obs.sum() / expected.sum()).pvalue > 1e-3
+    expected = np.append(exact[keep], exact[small].sum())
+    expected = obs.sum() * expected / expected.sum()
+    expected[-1] = obs.sum() - expected[:-1].sum()  # scipy wants equal sums to 1.5e-8
+    assert chisquare(obs, expected).pvalue > 1e-3
     assert tokens / rounds > 1.05  # drafts are accepted often enough to exercise the acceptance path
 
 
@@ -238,7 +251,7 @@ def _run_cli(args, check_no_jax=True):
     code = ("import sys; from carryover_jax.export.speculative import main; rc = main(sys.argv[1:]); "
             + ("assert not any(m == 'jax' or m.startswith('jax.') for m in sys.modules), 'jax was imported'; "
                if check_no_jax else "") + "sys.exit(rc)")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env,
                           timeout=300)
 
