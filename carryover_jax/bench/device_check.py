@@ -74,19 +74,30 @@ def carry_set(root: Path) -> dict[str, Any]:
             "tree_bytes": tree, "fits": tree >= 0 and tree + size <= CARRY_LIMIT}
 
 
+def _numerics(dtype: str):
+    """This platform's numerics (cuda on the device: attention "auto", the plain LM head) in `dtype`."""
+    from carryover_jax.numerics import Numerics
+
+    return Numerics.for_platform(None, dtype=dtype)
+
+
+def _qwen3_4b():
+    from carryover_jax.config import preset
+
+    return preset("qwen3-4b").with_numerics(_numerics("bfloat16"))
+
+
 def _toy_target():
     from carryover_jax.config import preset
 
     return preset("qwen3-4b").replace(num_layers=2, hidden_size=128, intermediate_size=256, num_heads=4,
-                                      num_kv_heads=2, head_dim=32, vocab_size=1024, dtype="float32",
-                                      param_dtype="float32")
+                                      num_kv_heads=2, head_dim=32, vocab_size=1024).with_numerics(_numerics("float32"))
 
 
 def _kernels(res: dict, dry: bool, deadline: float):
     from carryover_jax.bench import steps
-    from carryover_jax.config import preset
 
-    tcfg = _toy_target() if dry else preset("qwen3-4b").replace(dtype="bfloat16", param_dtype="bfloat16")
+    tcfg = _toy_target() if dry else _qwen3_4b()
     shape = dict(queries=2 * 16, keys=64, block=16, context=40, decode_queries=4) if dry else \
         dict(queries=64 * 16, keys=2048, block=16, context=4096, decode_queries=16)
     rows = []
@@ -101,13 +112,12 @@ def _kernels(res: dict, dry: bool, deadline: float):
 
 def _steps(res: dict, dry: bool, deadline: float, trace_dir: str, save):
     from carryover_jax.bench import steps
-    from carryover_jax.config import preset
 
     if dry:
         tcfg = _toy_target()
         kw = dict(proposals=3, draft_layers=1, context=48, train_len=64, anchors=4, repeats=2)
     else:
-        tcfg = preset("qwen3-4b").replace(dtype="bfloat16", param_dtype="bfloat16")
+        tcfg = _qwen3_4b()
         kw = dict(proposals=15, draft_layers=5, context=4096, train_len=4096, anchors=512, repeats=10)
     res["steps"] = steps.run(tcfg, kind="dflash", layout="zlab", batch=1, train_batch=1,
                              backends=("auto", "einsum"), train_modes=("baseline", "dvd"), train_backends=("auto",),
@@ -136,7 +146,7 @@ def _memory(res: dict, dry: bool, deadline: float):
             tcfg = _toy_target() if pre == "qwen3-4b" else tcfg.replace(
                 num_layers=2, hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2, head_dim=32,
                 global_head_dim=64, num_global_kv_heads=1, vocab_size=1024,
-                layer_types=("sliding_attention", "full_attention"), dtype="float32", param_dtype="float32")
+                layer_types=("sliding_attention", "full_attention")).with_numerics(_numerics("float32"))
             cfg = cfg.replace(batch_size=2, num_anchors=4, data=dataclasses.replace(cfg.data, max_len=64),
                               drafter=dataclasses.replace(cfg.drafter, num_layers=1, target_layer_ids=(0,),
                                                           mask_token_id=0, markov_rank=8))
