@@ -66,6 +66,8 @@ def _engine_commits(accepted, num_tokens):
 
 @pytest.mark.parametrize("kind", ["dflash", "markov"])
 def test_offline_rounds_equal_greedy_speculative_decoding(tiny_llama, kind):
+    # > 30 s (2-2.5 min on the loaded 2-core machine): a random drafter accepts nothing here, so a drafter is
+    # trained first; most of the time is compiling its train step, the engine and the offline scorer
     target = load_target(tiny_llama.path, tokenizer=False)
     train_prompts = _prompts(11, tuple([6] * 16))
     drafter = _train(target, kind, train_prompts)
