@@ -157,10 +157,15 @@ dry_run() {
     || die "call 2 without part 1 did not fail in one line: $(cat "$tmp/err")"
   echo "  $(cat "$tmp/err")"
   KEEP="$tmp/keep" call1
-  local args=${PIPELINE_ARGS:---budget-s 240 --set data.max_prompts=8 --set data.max_new_tokens=12 --set data.max_turns=1 \
-    --set data.gen_batch_size=4 --set data.max_len=96 --set data.max_prompt_tokens=64 --set batch_size=2 \
-    --set num_anchors=4 --set drafter.num_proposals=4 --set drafter.num_layers=1 --set log_every=1 \
-    --eval-set prompts_per_dataset=1 --eval-set max_new_tokens=8 --eval-set batch_sizes=[1,2] --eval-set seeds=1}
+  # toy scale: the plan is measured and written as on the device, the sizes below win over it (the tests check
+  # the sizing itself); 8 host devices would need batches of 8, so one
+  local args=${PIPELINE_ARGS:---budget-s 3600 --set data.max_prompts=8 --set data.max_new_tokens=12 \
+    --set data.max_turns=1 --set data.gen_batch_size=4 --set data.max_len=192 --set data.max_prompt_tokens=160 \
+    --set data.min_loss_tokens=4 \
+    --set batch_size=2 --set num_anchors=4 --set drafter.num_proposals=4 --set drafter.num_layers=1 \
+    --set steps=4 --set save_every=2 --set log_every=1 --continue-set steps=2 --continue-set save_every=2 \
+    --eval-set prompts_per_dataset=1 --eval-set max_new_tokens=8 --eval-set batch_sizes=[1,2] --eval-set seeds=1 \
+    --eval-set diagnostic_prompts=1}
   KEEP="$tmp/keep" CARRYOVER_CACHE="$tmp/cache" CARRYOVER_SKIP_INSTALL=1 OUT="$tmp/out" \
     RUN_DIR="$tmp/run" PIPELINE_ARGS="$args" call2
   local n; n=$(ls "$tmp/out" | wc -l)

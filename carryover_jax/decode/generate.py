@@ -119,6 +119,9 @@ def check_context(prompt_lens: Sequence[int], max_new: Sequence[int], limit: int
 
 def plan_lengths(prompt_lens: Sequence[int], max_new: Sequence[int], max_len: int | None, limit: int):
     """Prompt bucket and cache length; raises one clear error if a prompt cannot fit."""
+    if max_len is not None and max_len > limit:  # slots past the context hold no valid position
+        raise RequestError(f"max_len {max_len:,} is longer than the target's context of {limit:,} tokens "
+                           "(max_position_embeddings)")
     longest = max(prompt_lens)
     bucket = next_bucket(longest)
     need = max(p + m for p, m in zip(prompt_lens, max_new))
@@ -239,6 +242,7 @@ def speculative_generate(
     max_len: int | None = None,
     stepwise: bool = False,
     greedy_drafts: bool = False,
+    carry: str = "hidden",
 ) -> tuple[list[Generation], dict[str, Any]]:
     """Speculative decoding of `prompts` with `drafter` = a `DraftModel` (load_drafter / init_drafter) or a (DrafterConfig, params) pair.
 
@@ -247,7 +251,8 @@ def speculative_generate(
     one `lax.while_loop`), the time split between drafting and verification. `greedy_drafts` drafts by
     argmax at any temperature (z-lab's reference loop), still lossless. `carryover`: the drafter attends
     to the previous round's rejected rows (`SpecConfig.attend_carried`); it needs a drafter that owns
-    the Carryover embedding `e_rej` (`DrafterConfig.carryover`).
+    the Carryover embedding `e_rej` (`DrafterConfig.carryover`). `carry`: what those rows hold, as the drafter
+    was trained (`dvd_carry`): "hidden" (the target's verify states), "draft_tokens" or "target_tokens".
     """
     dcfg, dparams = (drafter.cfg, drafter.params) if hasattr(drafter, "cfg") else drafter
     if carryover and not dcfg.carryover:
@@ -262,7 +267,7 @@ def speculative_generate(
     bucket, cache_len = plan_lengths(lens, [m + P + 1 for m in max_new], max_len, target.cfg.max_position_embeddings)
     out_size = next_bucket(max(max_new), minimum=1)
     sc = sp.SpecConfig(target=target.cfg, drafter=dcfg, attend_carried=carryover, sampling=max(temps) > 0,
-                       top_k=top_k, top_p=top_p, greedy_drafts=greedy_drafts)
+                       top_k=top_k, top_p=top_p, greedy_drafts=greedy_drafts, carry=carry)
     tp = target.params
     t0 = time.perf_counter()
     state = sp.prefill(

@@ -29,10 +29,13 @@ from carryover_jax.decode import drafting as D
 from carryover_jax.decode.sampling import is_stop, probs, sample
 from carryover_jax.errors import RequestError
 from carryover_jax.models.cache import KVCache
-from carryover_jax.models.drafter import frozen_from_target
+from carryover_jax.models.drafter import Drafter, frozen_from_target
 from carryover_jax.models.target import TargetLM, new_cache
 
 Array = jax.Array
+
+
+CARRY_INTERFACES = ("hidden", "draft_tokens", "target_tokens")  # TrainConfig.dvd_carry's values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +45,10 @@ class SpecConfig:
     target: TargetConfig
     drafter: DrafterConfig
     attend_carried: bool = True  # the drafter attends to the carried rows (needs a drafter with e_rej)
+    # what a carried row holds (the paper's interface ablation, as DVD trained it: `dvd_carry`): the target's
+    # verify "hidden" states (the method), the rejected "draft_tokens", or the target's own greedy
+    # "target_tokens" at the rejected positions; tokens go through the frozen embedding instead of fc
+    carry: str = "hidden"
     sampling: bool = False  # False: every row greedy, no draft distributions are materialised
     top_k: int = 0
     top_p: float = 1.0
@@ -54,6 +61,8 @@ class SpecConfig:
             raise RequestError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, numbers.Real) or not 0.0 < self.top_p <= 1.0:
             raise RequestError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        if self.carry not in CARRY_INTERFACES:
+            raise RequestError(f"carry must be one of {', '.join(CARRY_INTERFACES)}, got {self.carry!r}")
 
     @property
     def P(self) -> int:
@@ -248,8 +257,15 @@ def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals
     tcache = tcache.with_lengths(s.target_cache.lengths + keep)
     dcache = D.append_rows(sc.drafter, draft_params, s.draft_cache, rows, keep)
     if sc.attend_carried:
-        idx = jnp.minimum(a[:, None] + 1 + jnp.arange(P)[None, :], P)
-        carried = D.mark_carried(sc.drafter, draft_params, jnp.take_along_axis(rows, idx[..., None], axis=1))
+        idx = jnp.minimum(a[:, None] + 1 + jnp.arange(P)[None, :], P)  # the rejected verify indices
+        if sc.carry == "hidden":
+            carried = D.mark_carried(sc.drafter, draft_params, jnp.take_along_axis(rows, idx[..., None], axis=1))
+        else:  # verify index i >= 1 holds d_i = proposals[i - 1]; the target's greedy token there is its argmax
+            toks = (jnp.take_along_axis(proposals, idx - 1, axis=1) if sc.carry == "draft_tokens"
+                    else jnp.take_along_axis(jnp.argmax(logits, axis=-1), idx, axis=1)).astype(jnp.int32)
+            carried = Drafter(sc.drafter).apply({"params": draft_params}, toks,
+                                                frozen_from_target(target_params, sc.target),
+                                                method=Drafter.fuse_carried).astype(s.carried.dtype)
     else:
         carried = s.carried
     rounds = s.rounds + active.astype(jnp.int32)

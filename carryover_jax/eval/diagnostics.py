@@ -76,7 +76,8 @@ def _decode_with_log(target, entry, drafter, ids: list[list[int]], ref: list[lis
     lens = [len(r) for r in ids]
     bucket, cache_len = plan_lengths(lens, [max_new_tokens + P + 1] * n, max_len, target.cfg.max_position_embeddings)
     out_size = next_bucket(max_new_tokens, minimum=1)
-    sc = sp.SpecConfig(target=target.cfg, drafter=dcfg, attend_carried=entry.carryover, sampling=False)
+    sc = sp.SpecConfig(target=target.cfg, drafter=dcfg, attend_carried=entry.carryover, sampling=False,
+                       carry=entry.carry)
     stops = jnp.asarray(list(stop_ids) + [-1] * (MAX_STOP_IDS - len(stop_ids)), jnp.int32)
     s = sp.prefill(sc, tp, dp, jnp.asarray(pad_batch(ids, bucket)), jnp.asarray(lens, jnp.int32),
                    jnp.full((n,), max_new_tokens, jnp.int32), jnp.zeros((n,), jnp.float32), stops,
@@ -175,14 +176,15 @@ def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, m
                 "recall16_off_all": float(counts["offk"].sum() / max(v.sum(), 1)),
             }
             if recorded and replay_anchors:
-                out["replay_recorded"][entry.label] = recorded_replay(target, d, recorded, num_anchors=replay_anchors)
+                out["replay_recorded"][entry.label] = recorded_replay(target, d, recorded, num_anchors=replay_anchors,
+                                                                   carry=entry.carry)
     return out
 
 
 # ---- training-style replay on recorded sequences (DVD training's own rollout) -----------------------
-def replay_step_config(target_cfg, drafter_cfg, num_anchors: int):
+def replay_step_config(target_cfg, drafter_cfg, num_anchors: int, carry: str = "hidden"):
     """The DVD step's static settings for the target and drafter as loaded (their numerics kept)."""
-    return step_config(TrainConfig(mode="dvd", num_anchors=num_anchors), target_cfg, drafter_cfg,
+    return step_config(TrainConfig(mode="dvd", num_anchors=num_anchors, dvd_carry=carry), target_cfg, drafter_cfg,
                        numerics=target_cfg.numerics)
 
 
@@ -229,14 +231,14 @@ def recorded_replay_hits(sc, params, target_params, ids, loss_mask, rng, *, k: i
 
 
 def recorded_replay(target, drafter, sequences: Sequence[tuple[list[int], int]], *, num_anchors: int = 32,
-                    seed: int = 0) -> dict[str, Any]:
+                    seed: int = 0, carry: str = "hidden") -> dict[str, Any]:
     """`sequences`: (token ids, prompt length) — the generated part is what anchors and labels come from.
     Every sequence is padded to one length (one compile); one sequence per call."""
 
     dc = drafter.cfg
     if not dc.carryover:
         raise CarryoverError("the ON/OFF replay needs a drafter with a Carryover embedding")
-    sc = replay_step_config(target.cfg, dc, num_anchors)
+    sc = replay_step_config(target.cfg, dc, num_anchors, carry)
     length = next_bucket(max(len(ids) for ids, _ in sequences) + 1)
     k = min(TOP_K, target.cfg.vocab_size)
     total: dict[str, np.ndarray] = {}

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from carryover_jax.config import DataConfig
 from carryover_jax.decode.generate import generate, plan_lengths, speculative_generate
+from carryover_jax.decode.speculative import CARRY_INTERFACES
 from carryover_jax.errors import CarryoverError
 from carryover_jax.eval.datasets import load_prompts
 from carryover_jax.eval.diagnostics import run_diagnostics
@@ -42,20 +43,27 @@ class DrafterEntry:
     label: str
     path: str
     carryover: bool = False
+    carry: str = "hidden"  # what the carried rows hold (SpecConfig.carry; the drafter's dvd_carry)
 
 
 def parse_drafter_spec(spec: str) -> DrafterEntry:
-    """``LABEL=DIR`` (decodes without carried rows) or ``LABEL=DIR:carryover`` (attends to them)."""
+    """``LABEL=DIR`` (decodes without carried rows), ``LABEL=DIR:carryover`` (attends to the target's rejected
+    verify states) or ``LABEL=DIR:carryover=draft_tokens|target_tokens`` (the interface ablation's rows)."""
+    usage = "use LABEL=DIR, LABEL=DIR:carryover or LABEL=DIR:carryover=" + "|".join(CARRY_INTERFACES)
     label, sep, rest = spec.partition("=")
     if not sep or not label or not rest:
-        raise CarryoverError(f"--drafter {spec!r}: use LABEL=DIR or LABEL=DIR:carryover")
+        raise CarryoverError(f"--drafter {spec!r}: {usage}")
     if label in RESERVED_LABELS:
         raise CarryoverError(f"--drafter {spec!r}: the label {label!r} is reserved")
-    carry = rest.endswith(":carryover")
-    path = rest[: -len(":carryover")] if carry else rest
+    path, carry = rest, None
+    head, colon, tail = rest.rpartition(":carryover")
+    if colon and (tail == "" or tail.startswith("=")):
+        path, carry = head, tail[1:] or "hidden"
+        if carry not in CARRY_INTERFACES:
+            raise CarryoverError(f"--drafter {spec!r}: unknown carried-row interface {carry!r}; {usage}")
     if not path:
         raise CarryoverError(f"--drafter {spec!r}: no drafter folder")
-    return DrafterEntry(label, path, carry)
+    return DrafterEntry(label, path, carry is not None, carry or "hidden")
 
 
 def check_drafter(label: str, cfg, target_cfg, mask_token_id: int | None) -> None:
@@ -109,7 +117,8 @@ def encode_items(target, prompts, *, chat: bool = True) -> list[Item]:
 
 def drafter_info(entry: DrafterEntry, d) -> dict[str, Any]:
     c = d.cfg
-    return {"label": entry.label, "path": str(entry.path), "carryover": entry.carryover, "kind": c.kind,
+    return {"label": entry.label, "path": str(entry.path), "carryover": entry.carryover, "carry": entry.carry,
+            "kind": c.kind,
             "layout": c.layout, "num_proposals": c.num_proposals, "mask_token_id": c.mask_token_id,
             "num_layers": c.backbone.num_layers, "target_layer_ids": list(c.target_layer_ids)}
 
@@ -138,8 +147,8 @@ class _Runner:
                 res = generate(self.target, batch, temperature=temperature, seed=seed, chat=False, **self.kw)
                 return res, {"time_s": res[0].stats["time_s"]}
             e, d = self.drafters[mode]
-            return speculative_generate(self.target, d, batch, carryover=e.carryover, temperature=temperature,
-                                        seed=seed, chat=False, **self.kw)
+            return speculative_generate(self.target, d, batch, carryover=e.carryover, carry=e.carry,
+                                        temperature=temperature, seed=seed, chat=False, **self.kw)
 
         key = self._key(mode, batch, temperature)
         if key not in self.seen:
