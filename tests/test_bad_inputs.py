@@ -182,6 +182,8 @@ CLI_ROWS = [
     Row("generate max-len below the prompt", lambda e: ["generate", "--target", str(e.target), "--prompt",
                                                         words(10), "--max-len", "4"],
         r"prompt 0 has 10 tokens; with max_new_tokens=128 it needs 138 cache slots but the cache holds 4 \(max_len\)"),
+    Row("generate max-len past the context", lambda e: GEN + ["--target", str(e.target), "--max-len", "100000"],
+        r"max_len 100,000 is longer than the target's context of 512 tokens"),
     Row("generate prompt longer than the context", lambda e: ["generate", "--target", str(e.target), "--prompt",
                                                               words(600)],
         r"prompt 0 has 600 tokens, more than the target's context of 512 tokens"),
@@ -473,6 +475,13 @@ def _spec_prefill(e: Env, *, max_len: int, max_rounds: int | None = None):
                       max_rounds=max_rounds)
 
 
+def _bench_breakdown(e: Env, max_len: int):
+    from carryover_jax.bench import decode
+    from carryover_jax.loading import load_drafter
+
+    return decode.breakdown(e.loaded, load_drafter(e.drafter), max_lens=(256, max_len), repeats=1, progress=False)
+
+
 def _spec_config(e: Env, **kw):
     from carryover_jax.decode import speculative as sp
     from carryover_jax.loading import load_drafter
@@ -522,6 +531,8 @@ def _api_rows():
             r"the prompt bucket of 16 tokens is longer than the cache \(max_len=8\)", RequestError),
         Row("api init_drafter num_layers 0", lambda e: lambda: init_drafter(e.loaded, num_layers=0, mask_token_id=4),
             r"num_layers must be an integer in \[1, 1048576\], got 0", ConfigError),
+        Row("api bench decode breakdown past the context", lambda e: lambda: _bench_breakdown(e, 1000000),
+            r"--max-lens 1000000: a cache for a 100-token prompt and one round is in \[107, 512\]", RequestError),
         Row("api SpecConfig top_p 0", lambda e: lambda: _spec_config(e, top_p=0.0), r"top_p must be in \(0, 1\]",
             RequestError),
         Row("api TrainConfig steps -1", lambda e: lambda: TrainConfig(steps=-1), r"steps must be an integer", ConfigError),
@@ -592,7 +603,7 @@ API_ROW_IDS = ["api generate prompt past the context", "api generate top_p 1.5",
                "api iter_jsonl duplicate id", "api load_drafter layout mismatch",
                "api speculative prefill past max_len", "api speculative max_rounds too small",
                "api speculative prompt bucket past max_len", "api init_drafter num_layers 0", "api TrainConfig steps -1",
-               "api DataConfig top_p 0", "api SpecConfig top_p 0"]
+               "api DataConfig top_p 0", "api SpecConfig top_p 0", "api bench decode breakdown past the context"]
 
 
 @pytest.mark.parametrize("row_id", API_ROW_IDS)

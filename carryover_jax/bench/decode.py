@@ -21,6 +21,7 @@ from carryover_jax.config import next_bucket
 from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode import speculative as sp
 from carryover_jax.decode.generate import generate, speculative_generate
+from carryover_jax.errors import RequestError
 
 
 def _timed(fn, *args, **kw):
@@ -126,6 +127,11 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
     are the numbers to compare. Also reports how many times each jitted step compiled (once per
     max_len is the contract) and that repeated calls compile nothing new."""
     tcfg, tp, dcfg, dp = target.cfg, target.params, drafter.cfg, drafter.params
+    low = sp.cache_slots(dcfg.num_proposals, prompt_len, dcfg.num_proposals + 2)  # one round's tokens, below
+    for L in max_lens:
+        if not low <= L <= tcfg.max_position_embeddings:
+            raise RequestError(f"--max-lens {L}: a cache for a {prompt_len}-token prompt and one round is in "
+                               f"[{low}, {tcfg.max_position_embeddings}] (the target's context)")
     sc = sp.SpecConfig(target=tcfg, drafter=dcfg, attend_carried=carryover and dcfg.carryover)
     rng = np.random.default_rng(0)
     bucket = next_bucket(prompt_len)
