@@ -6,6 +6,14 @@ The public names below are imported on first use (module `__getattr__`), so that
 from __future__ import annotations
 
 import importlib
+from pathlib import Path as _Path
+
+# A source checkout run without installing it (`PYTHONPATH=.`, as on a lent GPU's image): the wheel ships
+# configs/ and export/ inside this package (pyproject's package-dir), the checkout has them beside it. Search
+# the checkout's root too, so `carryover_jax.configs` and `carryover_jax.export` resolve the same either way.
+_root = _Path(__file__).resolve().parent.parent
+if not (_Path(__file__).parent / "configs").is_dir() and (_root / "configs" / "__init__.py").is_file():
+    __path__.append(str(_root))  # noqa: F821 (the package's own search path)
 
 _PUBLIC = {  # name -> module that defines it
     "PRESETS": "config", "TargetConfig": "config", "preset": "config", "DrafterConfig": "config",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from carryover_jax import bounds as B
 from carryover_jax.config import ATTENTION_BACKENDS
-from carryover_jax.errors import CarryoverError
+from carryover_jax.errors import CarryoverError, ConfigError
 from carryover_jax.paths import name_or_path, user_path
 
 # Each command imports its modules inside its function, so that `carryover --help` and a refused
@@ -180,9 +180,29 @@ def _cmd_pipeline(args) -> int:
 
     out = user_path(args.out or f"runs/pipeline-{Path(args.config.partition(':')[0]).stem}-{args.preset}")
     res = run_pipeline(args.config, out, preset=args.preset, overrides=args.set or [],
-                       continue_overrides=args.continue_set or [], progress=not args.quiet)
+                       continue_overrides=args.continue_set or [], eval_overrides=_eval_sets(args.eval_set or []),
+                       progress=not args.quiet, budget_s=args.budget_s, dry_run=args.dry_run)
+    if args.dry_run:
+        print(json.dumps(res["plan"]))
+        return 0
     print(Path(out) / "report.md" if "report" in res else out)
     return 0
+
+
+def _eval_sets(items: list[str]) -> dict:
+    """`--eval-set key=value` -> {key: value}, values as Python literals where they parse (lists included)."""
+    import ast
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--eval-set expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value
+    return out
 
 
 def _cmd_train(args) -> int:
@@ -379,13 +399,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "DVD and its equal-steps and equal-compute controls -> eval -> report (Markdown + JSON + "
                         "PNG) in --out")
     pp.add_argument("--config", default="smollm2", type=name_or_path, help="tiny | smollm2 | qwen3_4b | path/to/config.py")
-    pp.add_argument("--preset", choices=["quick", "full"], default="quick",
-                    help="quick: a complete small report (~15 min on 2 CPU cores); full: the config's sizes")
+    pp.add_argument("--preset", choices=["quick", "full", "gpu"], default="quick",
+                    help="quick: a complete small report (~15 min on 2 CPU cores); full: the config's sizes; gpu: "
+                         "stages sized to a wall budget from rates measured first (with --config smollm2_gpu)")
     pp.add_argument("--out", default=None, type=user_path, help="output folder (default: runs/pipeline-<config>-<preset>)")
     pp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field of every training stage")
     pp.add_argument("--continue-set", action="append", metavar="KEY=VALUE",
                     help="override a field of the control and DVD continuations only, e.g. --continue-set steps=50 "
                          "(the equal-compute control's steps follow from DVD's)")
+    pp.add_argument("--eval-set", action="append", metavar="KEY=VALUE",
+                    help="override an eval setting of the preset, e.g. --eval-set prompts_per_dataset=4")
+    pp.add_argument("--budget-s", type=B.arg(B.positive(86400.0)), default=None,
+                    help="the wall budget of a budgeted preset (gpu: 420 s)")
+    pp.add_argument("--dry-run", action="store_true",
+                    help="a budgeted preset: measure this device, print the stage plan (JSON; the table on stderr), "
+                         "run nothing")
     pp.add_argument("--quiet", action="store_true", help="no progress bars")
     pp.set_defaults(func=_cmd_pipeline)
 

@@ -731,6 +731,10 @@ class TrainConfig:
     mode: str = "baseline"
     dvd_carry: str = "hidden"  # dvd: carried = target "hidden" states | "draft_tokens" | "target_tokens"
     dvd_off_metrics: bool = True  # dvd: also log draft 2 with carried rows withheld (off/*), no gradient
+    # dvd/control: the temperature draft 1 is accepted at (None = data.temperature, the recording's). At T > 0
+    # draft 1 is drawn from the maximal coupling with the recorded token (train/dvd.py `coupled_proposals`), so
+    # its accepted prefix is what speculative sampling accepts and the shifted context is the recorded prefix
+    dvd_temperature: float | None = None
     data: DataConfig = DataConfig()
     features: str = "online"  # "online": frozen target forward per batch; "store": from the feature store
     # what a proposal is trained to say: "data" = the recorded next token; "target" = the target's own
@@ -756,6 +760,10 @@ class TrainConfig:
     # KL(p_target || p_draft) per proposal slot, from the target logits the loss already computes
     # (soft labels; within a draft vocabulary, over its ids)
     kl_weight: float = 0.0
+    # "ce": the losses above. "edr": plus the expected-decoding-rounds objective over whole responses
+    # (train/edr.py; baseline mode), weighted by edr_weight (set ce_weight=0 for EDR alone)
+    objective: str = "ce"
+    edr_weight: float = 1.0
     # dtypes and kernels of this run (carryover_jax/numerics.py); unset fields = the platform's defaults
     # (bf16 target, compute and caches + "auto" attention on accelerators, float32 + einsum on CPU; the
     # trained drafter params stay float32). `prepare` uses `data.numerics` over these.
@@ -776,18 +784,34 @@ class TrainConfig:
     async_checkpointing: bool = True
 
     def __post_init__(self):
-        if self.features not in ("online", "store"):
-            raise ConfigError(f"features must be 'online' or 'store', got {self.features!r}")
         # steps is unused when epochs is set (total_steps), so 0 is allowed there
         B.check_fields(self, {**_TRAIN_BOUNDS, "steps": B.count(0 if self.epochs is not None else 1)})
-        if not any(w for w in self.loss_weights) and not self.kl_weight:
-            raise ConfigError("ce_weight, l1_weight and kl_weight are all 0: the loss would train nothing")
+        if not any(w for w in self.loss_weights) and not self.kl_weight and not (self.objective == "edr"
+                                                                                and self.edr_weight):
+            raise ConfigError("ce_weight, l1_weight and kl_weight are all 0 (and no objective=edr): the loss would "
+                              "train nothing")
+        if self.features not in ("online", "store"):
+            raise ConfigError(f"features must be 'online' or 'store', got {self.features!r}")
         if self.mode not in ("baseline", "dvd", "control"):
             raise ConfigError(f"mode must be 'baseline', 'dvd' or 'control', got {self.mode!r}")
         if self.dvd_carry not in ("hidden", "draft_tokens", "target_tokens"):
             raise ConfigError(f"dvd_carry must be 'hidden', 'draft_tokens' or 'target_tokens', got {self.dvd_carry!r}")
         if self.labels not in ("data", "target"):
             raise ConfigError(f"labels must be 'data' or 'target', got {self.labels!r}")
+        if self.objective not in ("ce", "edr"):
+            raise ConfigError(f"objective must be 'ce' or 'edr', got {self.objective!r}")
+        if self.objective == "edr" and self.mode != "baseline":
+            raise ConfigError("objective=edr is a baseline-training objective: its expected rounds assume rounds "
+                              "without carried rows (use it for mode=baseline)")
+        if not (isinstance(self.edr_weight, (int, float)) and 0 <= self.edr_weight < float("inf")):
+            raise ConfigError(f"edr_weight must be a finite number >= 0, got {self.edr_weight!r}")
+        if self.dvd_temperature is not None and not (isinstance(self.dvd_temperature, (int, float))
+                                                     and not isinstance(self.dvd_temperature, bool)
+                                                     and 0 <= self.dvd_temperature < float("inf")):
+            raise ConfigError(f"dvd_temperature must be a finite number >= 0 (or None), got {self.dvd_temperature!r}")
+        if self.mode != "baseline" and self.labels == "target" and self.draft1_temperature > 0:
+            raise ConfigError("labels=target accepts DVD's draft 1 against the target's greedy tokens: set "
+                              "dvd_temperature=0 (the recording's sampled tokens are not the labels)")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got "
                               f"{self.attention_backend!r}")
@@ -815,6 +839,11 @@ class TrainConfig:
         if prepare:
             spec = self.data.numerics.over(spec)
         return spec.resolve(platform)
+
+    @property
+    def draft1_temperature(self) -> float:
+        """The temperature DVD's draft 1 is accepted at: `dvd_temperature`, else the recording's."""
+        return float(self.data.temperature if self.dvd_temperature is None else self.dvd_temperature)
 
     @property
     def loss_weights(self) -> tuple[float, float]:

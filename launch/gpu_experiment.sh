@@ -82,12 +82,10 @@ build() {
   echo "GGUF: $(mib $size) MiB, sha256 $sha"
 }
 
-install_wheels() {  # the device image's python3 + the carried wheels + this tree as a package
+install_wheels() {  # the device image's python3 + the carried wheels (the tree runs as it is: PYTHONPATH=.)
   [[ -n "${CARRYOVER_SKIP_INSTALL:-}" ]] && return 0
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "$GPU_DIR"/whl/*.whl || die "installing the carried wheels failed"
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site . || die "installing carryover-jax from the tree failed"
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   PY=python3
 }
