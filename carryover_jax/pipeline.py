@@ -25,7 +25,7 @@ from typing import Any, Callable
 from carryover_jax.config import TrainConfig, apply_overrides
 from carryover_jax.configs import ComputeMatched, load_config
 from carryover_jax.errors import ConfigError
-from carryover_jax.eval.curve import curve_rows, offline_tau_by_step, snapshot_arms
+from carryover_jax.eval.curve import curve_rows, snapshot_arms
 from carryover_jax.eval.offline import evaluate_offline
 from carryover_jax.eval.report import render_curve
 from carryover_jax.eval.run import evaluate, load_result, write_outputs

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from carryover_jax.errors import CarryoverError, CheckpointError, ConfigError, DataError, RequestError, TrainingError
+from carryover_jax.errors import CheckpointError, ConfigError, DataError, RequestError, TrainingError
 from tests.hf_models import add_word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,6 @@ from carryover_jax.config import DrafterConfig
 from carryover_jax.decode.generate import generate, speculative_generate
 from carryover_jax.export import torch_reference as ref
 from carryover_jax.export.speculative import SpeculativeDecoder
-from carryover_jax.export.torch_drafter import TorchDrafter
 from carryover_jax.models.drafter import frozen_from_target, init_drafter_params
 from carryover_jax.weights.drafter_formats import export_drafter, save_drafter
 from tests.hf_models import add_word_tokenizer, hf_greedy, tiny_hf_model

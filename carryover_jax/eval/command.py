@@ -105,7 +105,8 @@ def main(args) -> int:
         raise CarryoverError("--offline with --curve: give the snapshots as --drafter arms (the pipeline's curve "
                              "stage does this)")
     if args.offline:
-        from carryover_jax.eval.offline import CARRYOVER_REFUSAL, evaluate_offline, render_offline
+        from carryover_jax.eval.offline import CARRYOVER_REFUSAL, evaluate_offline
+        from carryover_jax.eval.report import render_offline
 
         for e in entries:  # before the target loads
             if e.carryover:

@@ -334,49 +334,6 @@ def summarize_offline(log: list[dict], labels: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def render_offline(result: dict[str, Any]) -> str:
-    s = result["summary"]
-    labels = [d["label"] for d in result["drafters"]]
-    cfg = result.get("config", {})
-    L = ["# carryover eval --offline", "",
-         f"- target: `{result.get('target')}`; device: {result.get('device', '?')}; started {result.get('started', '?')}",
-         f"- rollouts: the target's own outputs, max_new_tokens {cfg.get('max_new_tokens')}, temperatures "
-         f"{cfg.get('temperatures')}, seeds at T > 0: {cfg.get('seeds')}; prompts per dataset: {cfg.get('datasets')}"]
-    for d in result["drafters"]:
-        L.append(f"- drafter **{d['label']}**: `{d['path']}` ({d.get('kind')}/{d.get('layout')}, "
-                 f"{d['num_proposals']} proposals), no carried rows")
-    L += ["", "Expected decoding rounds on each rollout from one teacher-forced drafter pass (exact at T = 0: the "
-              "greedy engine's round count; at T > 0 the acceptance min(1, q/p) of the realized rollout token). "
-              "τ = tokens the rounds generate (all but the prefill's first) / rounds, summed over the rollouts of "
-              "a dataset (**all** = the mix). No decoding, so no speedup: that needs `carryover eval` without "
-              "--offline.", "",
-          "| dataset | T | rollouts | " + " | ".join(labels) + " |", "|" + "---|" * (3 + len(labels))]
-    for T, tb in s["temperatures"].items():
-        for ds, cell in tb["datasets"].items():
-            n = max((c["rollouts"] for c in cell.values()), default=0)
-            L.append(f"| {'**all**' if ds == 'all' else ds} | {T} | {n} | "
-                     + " | ".join(f"{cell[lab]['tau']:.3f}" if lab in cell else "-" for lab in labels) + " |")
-    rows = []
-    for T, tb in s["temperatures"].items():
-        for pr in tb["paired"]["pairs"]:
-            for ds, c in pr["datasets"].items():
-                t = c.get("tau")
-                if t:
-                    lo, hi = t["gain_pct_ci"]
-                    rows.append(f"| {pr['label']} vs {pr['vs']} | {'**all**' if ds == 'all' else ds} | {T} | "
-                                f"{t['prompts']} x {t['seeds']} | {t['diff']:+.3f} [{t['diff_ci'][0]:+.3f}, "
-                                f"{t['diff_ci'][1]:+.3f}] | {t['gain_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%] | "
-                                f"{'resolved' if t['resolved'] else 'not resolved'} |")
-    if rows:
-        L += ["", "### Paired comparisons (same rollouts)", "",
-              "Mean per-rollout difference of τ and relative gain of the mean, 95% paired-bootstrap interval over "
-              "prompts (a prompt's value at T > 0: its mean over seeds); **resolved**: the interval excludes 0.", "",
-              "| arms | dataset | T | prompts x seeds | Δτ [95%] | τ gain [95%] | resolved? |",
-              "|---|---|---|---|---|---|---|",
-              *rows]
-    return "\n".join(L) + "\n"
-
-
 def evaluate_offline(target, drafters, *, datasets: Sequence[str] = ("humaneval", "mtbench", "sharegpt"),
                      prompts_per_dataset: int = 100, max_prompt_tokens: int = 512, system: str | None = None,
                      heldout_per_mille: int | None = None, chat: bool = True, max_new_tokens: int = 128,

@@ -27,6 +27,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from carryover_jax.eval.stats import t_quantile_975
+
 REPLICATES = 4000
 
 
@@ -54,7 +56,6 @@ def per_prompt_values(log: list[dict], label: str, T: float, prompts: Sequence[t
 
 def expanded_tail(n: int) -> float:
     """The lower percentile (in %) of the expanded 95% percentile interval for n resampled units."""
-    from carryover_jax.eval.metrics import t_quantile_975  # metrics imports this module
 
     z = math.sqrt(n / (n - 1)) * t_quantile_975(n - 1)
     return 100.0 * 0.5 * (1.0 + math.erf(-z / math.sqrt(2.0)))

@@ -28,7 +28,7 @@ from carryover_jax.eval.datasets import load_prompts
 from carryover_jax.eval.diagnostics import run_diagnostics
 from carryover_jax.eval.metrics import summarize
 from carryover_jax.eval.plots import write_plots
-from carryover_jax.eval.report import render_markdown
+from carryover_jax.eval.report import render_markdown, render_offline
 from carryover_jax.io import atomic_dir
 from carryover_jax.loading import default_mask_token_id, load_drafter
 from carryover_jax.models.drafter import check_pair
@@ -249,8 +249,6 @@ def write_outputs(result: dict[str, Any], out: str | Path, *, plots: bool = True
     def write(tmp: Path):
         (tmp / "results.json").write_text(json.dumps(result, indent=1) + "\n")
         if result.get("offline"):  # expected rounds on rollouts: τ tables only, nothing timed to plot
-            from carryover_jax.eval.offline import render_offline
-
             (tmp / "report.md").write_text(render_offline(result))
             return
         (tmp / "report.md").write_text(render_markdown(result))

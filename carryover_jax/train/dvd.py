@@ -21,7 +21,7 @@ both embedded through the frozen target embedding.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,9 +34,7 @@ from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
 from carryover_jax.train.losses import (anchor_metrics, batch_features, block_loss, chunked_rows, proposal_hidden,
                                        target_greedy_labels)
-
-if TYPE_CHECKING:
-    from carryover_jax.train.step import StepConfig
+from carryover_jax.train.step_config import StepConfig
 
 Array = jax.Array
 

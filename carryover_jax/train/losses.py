@@ -7,8 +7,6 @@ Markov bias) and aligned target logits -> weighted CE (+ L1, + KL to the target'
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 
@@ -19,9 +17,7 @@ from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
 from carryover_jax.train import edr
 from carryover_jax.train.objectives import combine, row_terms
-
-if TYPE_CHECKING:
-    from carryover_jax.train.step import StepConfig
+from carryover_jax.train.step_config import StepConfig
 
 
 def target_features(sc: StepConfig, target_params, input_ids):

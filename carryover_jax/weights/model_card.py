@@ -207,7 +207,7 @@ def model_card(cfg: DrafterConfig, config: dict, fmt: str, *, has_e_rej: bool, t
         "",
         "**With Carryover** (the rejected positions' target states kept for one more round), in PyTorch, no JAX:",
         "```bash",
-        f"python -m carryover_jax.export.speculative --target TARGET_HF_DIR --drafter THIS_DIR --prompt \"...\" "
+        "python -m carryover_jax.export.speculative --target TARGET_HF_DIR --drafter THIS_DIR --prompt \"...\" "
         "--max-new-tokens 128 --json      # --no-carryover: the baseline loop",
         "```",
         "```python",
