@@ -124,7 +124,8 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", [v if i == 0 else pytest.param(v, marks=pytest.mark.heavy)
+                                     for i, v in enumerate(VARIANTS)])
 def test_bf16_greedy_speculative_equals_bf16_ar(bf16_ckpt, variant):
     """Drafter variants, bf16 target and drafter compute (float32 drafter params), float32 heads: greedy
     speculative decoding emits AR's tokens; a difference is allowed only at a near-tie (TIE_MARGIN). (~50 s

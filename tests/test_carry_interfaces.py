@@ -60,7 +60,7 @@ def test_verify_carries_the_interface_rows_for_every_count(tiny_qwen3, carry):
         np.testing.assert_allclose(np.asarray(s2.carried[i, : len(toks)]), np.asarray(want[0]), atol=1e-5)
 
 
-@pytest.mark.parametrize("carry", ["draft_tokens", "target_tokens"])
+@pytest.mark.parametrize("carry", [pytest.param("draft_tokens", marks=pytest.mark.heavy), "target_tokens"])
 def test_token_interfaces_decode_losslessly(tiny_llama, tmp_path_factory, carry):
     target = load_target(tiny_llama.path, tokenizer=False)
     drafter = _drafter(target, "markov", "deepspec")

