@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 from carryover_jax import generate, load_drafter, load_target
 from carryover_jax.decode.generate import speculative_generate
