@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from carryover_jax import bounds as B
-from carryover_jax.config import ATTENTION_BACKENDS
+from carryover_jax.numerics import ATTENTION_BACKENDS
 from carryover_jax.errors import CarryoverError, ConfigError
 from carryover_jax.paths import name_or_path, user_path
 
@@ -291,7 +291,7 @@ def _cmd_bench(args) -> int:
         return 0
     if args.what == "train":
         from carryover_jax.bench import train as bench_train
-        from carryover_jax.config import apply_overrides, preset
+        from carryover_jax.config import DrafterConfig, apply_overrides, preset
         from carryover_jax.configs import load_config
 
         if args.memory:  # compiled per-device memory of the paper configs, per attention backend
@@ -305,7 +305,7 @@ def _cmd_bench(args) -> int:
                                      f"got {args.mesh!r}") from None
             cfgs = {}
             for name in args.memory_configs.split(","):
-                c = load_config(name).replace(mesh=mesh_cfg, mode="dvd" if args.mode == "dvd" else "baseline")
+                c = load_config(name).replace(mesh=mesh_cfg).with_loss(mode="dvd" if args.mode == "dvd" else "baseline")
                 cfgs[name] = apply_overrides(c, args.set or [])
             result = bench_train.memory_table(cfgs, devices=args.devices, backends=tuple(args.backend or
                                                                                          ["einsum", "pallas"]))
@@ -317,7 +317,7 @@ def _cmd_bench(args) -> int:
         result = (bench_train.run_dvd if dvd else bench_train.run)(cfg, steps=args.steps)
         paper = load_config("qwen3_4b")
         q = preset("qwen3-4b")
-        dcfg = paper.drafter.build(q)
+        dcfg = DrafterConfig.for_target(q, paper.drafter)
         result["qwen3_4b_memory_per_device"] = bench_train.memory_estimate(paper, q, dcfg, devices=args.devices,
                                                                            dvd=dvd)
         for r in result["rows"]:

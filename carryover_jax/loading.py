@@ -18,6 +18,7 @@ from carryover_jax.models.target import TargetLM, abstract_params
 from carryover_jax.numerics import Numerics
 from carryover_jax.weights import drafter_formats
 from carryover_jax.weights.hf import load_params, read_config
+from carryover_jax.weights.hf_config import target_config_from_hf
 from carryover_jax.weights.registry import resolve_target
 
 
@@ -125,9 +126,9 @@ def load_target(
 
 
 def target_config(folder: Path, hf_cfg: dict, **overrides) -> TargetConfig:
-    """`TargetConfig.from_hf` with a missing or mistyped field reported in one line naming the file."""
+    """`target_config_from_hf` with a missing or mistyped field reported in one line naming the file."""
     try:
-        cfg = TargetConfig.from_hf(hf_cfg, **overrides)
+        cfg = target_config_from_hf(hf_cfg, **overrides)
     except KeyError as e:
         raise CheckpointError(f"missing field {e.args[0]!r} in config {Path(folder) / 'config.json'}") from None
     except CarryoverError as e:  # TargetConfig's checks (numbers in range, known switches): name the file

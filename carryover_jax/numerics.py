@@ -17,7 +17,7 @@ next to the target; its dots run in the compute dtype. Whatever the dtypes, ever
 accumulates and returns float32 logits (`lm_head_logits`): AR (1 row) and verification (P+1 rows) then
 agree on the same logits, and the teacher distribution of KL/L1 is not rounded to bfloat16.
 
-This module imports only the errors at import time, so `config.py` and the layers can both use it (no
+This module imports only the errors at import time, so the configs (`config/`) and the layers can both use it (no
 import circle).
 """
 
@@ -28,7 +28,7 @@ import math
 
 from carryover_jax.errors import ConfigError
 
-# jax is imported inside the functions that need it: config.py imports this module, and the CLI's
+# jax is imported inside the functions that need it: the configs import this module, and the CLI's
 # argument parsing and `--help` load no jax (several seconds on a loaded machine)
 
 DTYPES = ("float32", "bfloat16", "float16")

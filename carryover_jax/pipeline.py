@@ -86,7 +86,7 @@ def stage_configs(config: str, out: Path, *, preset: str, overrides: list[str] =
     """The baseline, control and DVD TrainConfigs of a pipeline rooted at `out`, and the equal-compute
     control (`ComputeMatched`: its steps are measured when the stage runs). Continuation settings (steps,
     lr, ...) come from the config's `STAGES["dvd"]` where it defines one, else 30% of the baseline steps;
-    control and DVD differ only in `mode`."""
+    control and DVD differ only in `loss.mode`."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
     p = PRESETS[preset]
@@ -101,8 +101,8 @@ def stage_configs(config: str, out: Path, *, preset: str, overrides: list[str] =
         cont = {"steps": max(1, (3 * base.steps) // 10), "epochs": None}
     cfgs = {"baseline": base}
     for mode in ("control", "dvd"):
-        c = base.replace(name=f"{base.name}-{mode}", mode=mode, init_from=str(out / "baseline" / "drafter"),
-                         out_dir=str(out / mode), **cont)
+        c = base.replace(name=f"{base.name}-{mode}", init_from=str(out / "baseline" / "drafter"),
+                         out_dir=str(out / mode), **cont).with_loss(mode=mode)
         sets = [f"{k}={v!r}" for k, v in p["continue"].items()] + list(continue_overrides)
         cfgs[mode] = apply_overrides(c, sets)
     cfgs["control_compute"] = ComputeMatched(cfgs["control"], cfgs["dvd"], str(out / "control_compute"))

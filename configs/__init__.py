@@ -36,8 +36,8 @@ class ComputeMatched:
     training compute buys (`train/compute_match.py`). `resolve()` probes the two step times once and keeps
     them in `<out_dir>/probe.json`, so a resumed or repeated stage trains the same number of steps."""
 
-    control: Any  # TrainConfig (mode="control")
-    dvd: Any  # TrainConfig (mode="dvd")
+    control: Any  # TrainConfig (loss.mode="control")
+    dvd: Any  # TrainConfig (loss.mode="dvd")
     out_dir: str
 
     def resolve(self, probe: Callable | None = None, log: Callable[[str], None] | None = None):
@@ -49,10 +49,10 @@ class ComputeMatched:
 def continuation_stages(config, **cont) -> dict:
     """STAGES for a config: DVD training and its two controls, all continuing CONFIG's own final drafter
     with the settings `cont` (steps or epochs, lr, ...), into `<out_dir>/../dvd`, `<out_dir>/../control`
-    (equal steps; differs from DVD only in `mode`) and `<out_dir>/../control_compute` (equal compute)."""
+    (equal steps; differs from DVD only in `loss.mode`) and `<out_dir>/../control_compute` (equal compute)."""
     root = Path(config.out_dir).parent
-    stages = {mode: config.replace(name=f"{config.name}-{mode}", mode=mode, init_from=f"{config.out_dir}/drafter",
-                                   out_dir=str(root / mode), **cont) for mode in ("dvd", "control")}
+    stages = {mode: config.replace(name=f"{config.name}-{mode}", init_from=f"{config.out_dir}/drafter",
+                                   out_dir=str(root / mode), **cont).with_loss(mode=mode) for mode in ("dvd", "control")}
     stages["control_compute"] = ComputeMatched(stages["control"], stages["dvd"], str(root / "control_compute"))
     return stages
 

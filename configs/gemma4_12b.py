@@ -21,7 +21,7 @@ CONFIG = _QWEN.replace(
     data=dataclasses.replace(_QWEN.data, store="/data/carryover/gemma4_12b/responses", temperature=1.0, top_p=0.95,
                              top_k=64, gen_batch_size=32),
     out_dir="/data/carryover/gemma4_12b/train",
-    loss_chunk_rows=1024,  # V = 262,144 (1.7x Qwen3's): half the rows per vocabulary chunk
+    loss=_QWEN.loss.replace(chunk_rows=1024),  # V = 262,144 (1.7x Qwen3's): half the rows per vocabulary chunk
 )
 
 # +3 epochs of DVD from the converged baseline, and the equal-compute control (same epochs, no carried rows).

@@ -6,7 +6,7 @@ global batch 512, lr 6e-4 with 4% warmup and cosine decay, 10 baseline epochs, b
 baseline use `--set drafter.kind=dflash` (CE only); for the z-lab layout `--set drafter.layout=zlab`.
 """
 
-from carryover_jax.config import DataConfig, DrafterSpec, MeshConfig, TrainConfig
+from carryover_jax.config import DataConfig, DrafterSpec, LossConfig, MeshConfig, TrainConfig
 from carryover_jax.configs import continuation_stages
 
 CONFIG = TrainConfig(
@@ -26,7 +26,7 @@ CONFIG = TrainConfig(
     warmup_ratio=0.04,
     compute_dtype="bfloat16",
     remat=True,
-    loss_chunk_rows=2048,  # 8 x 512 x 15 supervised rows per device: vocabulary logits 2048 rows at a time
+    loss=LossConfig(chunk_rows=2048),  # 8 x 512 x 15 supervised rows per device: vocabulary logits 2048 rows at a time
     mesh=MeshConfig(data=-1, fsdp=1, tensor=1, shard_drafter=False),
     log_every=10,
     save_every=3000,

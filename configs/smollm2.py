@@ -16,7 +16,7 @@ layers follow the z-lab spacing for 30 layers: (1, 8, 14, 20, 27).
 """
 
 from carryover_jax.configs import continuation_stages
-from carryover_jax.config import DataConfig, DrafterSpec, TrainConfig, zlab_layer_ids
+from carryover_jax.config import DataConfig, DrafterSpec, LossConfig, TrainConfig, zlab_layer_ids
 
 LAYERS = zlab_layer_ids(30)
 
@@ -34,7 +34,7 @@ CONFIG = TrainConfig(
     num_anchors=64,
     steps=2400,
     lr=1e-3,
-    kl_weight=1.0,
+    loss=LossConfig(kl_weight=1.0),
     log_every=20,
     save_every=300,
     snapshot_every=600,

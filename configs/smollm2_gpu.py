@@ -17,7 +17,7 @@ Steps and conversations below are placeholders the preset replaces with the plan
 """
 
 from carryover_jax.configs import continuation_stages
-from carryover_jax.config import DataConfig, DrafterSpec, TrainConfig, zlab_layer_ids
+from carryover_jax.config import DataConfig, DrafterSpec, LossConfig, TrainConfig, zlab_layer_ids
 
 LAYERS = zlab_layer_ids(30)
 
@@ -34,7 +34,7 @@ CONFIG = TrainConfig(
     steps=1000,
     lr=1e-3,
     warmup_ratio=0.03,
-    kl_weight=1.0,
+    loss=LossConfig(kl_weight=1.0),
     log_every=25,
     save_every=500,
 )

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.stats import chi2_contingency
 
-from carryover_jax.config import TrainConfig
+from carryover_jax.config import LossConfig, TrainConfig
 from carryover_jax.models.drafter import frozen_from_target
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
@@ -20,7 +20,7 @@ from tests import test_dvd_sampled as t
 
 
 def greedy_accepts(tp, dc, params, ids):
-    sc = step_config(TrainConfig(num_anchors=1, mode="dvd", dvd_temperature=0.0), t.TCFG, dc)
+    sc = step_config(TrainConfig(loss=LossConfig(mode="dvd", dvd_temperature=0.0), num_anchors=1), t.TCFG, dc)
     n, s = ids.shape
     taps, _ = TargetLM(t.TCFG).apply({"params": tp}, ids, t.LAYERS, method=TargetLM.features)
     lm = jnp.zeros((n, s), jnp.int32).at[:, len(t.PROMPT):].set(1)

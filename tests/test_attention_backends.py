@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
+from carryover_jax.config import DrafterConfig, LossConfig, TargetConfig, TrainConfig
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.drafter import carried_segment_mask, init_drafter_params
 from carryover_jax.models.kernels import prefix_attention
@@ -196,7 +196,7 @@ def test_backend_switched_train_step_equals_the_reference():
     batch = {"input_ids": ids, "loss_mask": lm}
     out = {}
     for bk in ("einsum", "pallas"):
-        cfg = TrainConfig(num_anchors=3, steps=2, mode=mode, attention_backend=bk, dvd_off_metrics=False)
+        cfg = TrainConfig(loss=LossConfig(mode=mode, off_metrics=False), num_anchors=3, steps=2, attention_backend=bk)
         sc = step_config(cfg, tc, dc)
         assert sc.drafter.backbone.attention_backend == bk == sc.target.attention_backend
         opt = make_optimizer(cfg, cfg.steps)

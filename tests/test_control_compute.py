@@ -32,7 +32,8 @@ def _cfgs(store, out, target="t", **kw):
                                            target_layer_ids=(0, 1), mask_token_id=4),
                        data=DataConfig(store=str(store), max_len=32, min_loss_tokens=2), log_every=1, save_every=2,
                        async_checkpointing=False, **kw)
-    return (base.replace(mode="dvd", out_dir=str(out / "dvd")), base.replace(mode="control", out_dir=str(out / "control")))
+    return (base.replace(out_dir=str(out / "dvd")).with_loss(mode="dvd"),
+            base.replace(out_dir=str(out / "control")).with_loss(mode="control"))
 
 
 def test_the_stage_measures_once_and_resumes_with_the_same_steps(tmp_path):
@@ -40,12 +41,12 @@ def test_the_stage_measures_once_and_resumes_with_the_same_steps(tmp_path):
     calls = []
 
     def fake_probe(d, c):
-        calls.append((d.mode, c.mode, d.dvd_off_metrics))
+        calls.append((d.loss.mode, c.loss.mode, d.loss.off_metrics))
         return {"dvd_s": 2.5, "control_s": 1.0, "ratio": 2.5, "steps_timed": 4, "rule": "fake"}
 
     stage = ComputeMatched(control, dvd, str(tmp_path / "cc"))
     cfg = stage.resolve(probe=fake_probe, log=lambda m: None)
-    assert cfg.steps == matched_steps(3, 2.5, 1.0) == 8 and cfg.mode == "control" and cfg.epochs is None
+    assert cfg.steps == matched_steps(3, 2.5, 1.0) == 8 and cfg.loss.mode == "control" and cfg.epochs is None
     assert (cfg.seed, cfg.data, cfg.init_from, cfg.num_anchors) == (control.seed, control.data, control.init_from,
                                                                    control.num_anchors)
     assert cfg.out_dir == str(tmp_path / "cc") and cfg.name.endswith("-compute")

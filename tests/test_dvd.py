@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
+from carryover_jax.config import DrafterConfig, LossConfig, TargetConfig, TrainConfig
 from carryover_jax.decode.drafting import (append_rows, draft_block_logits, fuse_rows, new_context_cache,
                                            sequential_proposals)
 from carryover_jax.models.drafter import frozen_from_target, init_drafter_params
@@ -26,8 +26,8 @@ def _dc(kind="dflash", layout="zlab", proposals=4):
                                     mask_token_id=0, target_layer_ids=LAYERS, markov_rank=8 if kind == "markov" else None)
 
 
-def _sc(dc, mode="dvd", **kw):
-    return step_config(TrainConfig(num_anchors=5, mode=mode, **kw), TCFG, dc)
+def _sc(dc, mode="dvd", **loss):
+    return step_config(TrainConfig(loss=LossConfig(mode=mode, **loss), num_anchors=5), TCFG, dc)
 
 
 def _batch(seed=0, b=2, s=24):
@@ -214,7 +214,7 @@ def test_token_interfaces_embed_through_the_frozen_embedding():
     p = dc.num_proposals
     out = {}
     for carry in ("draft_tokens", "target_tokens"):
-        sc = _sc(dc, dvd_carry=carry)
+        sc = _sc(dc, carry=carry)
         out[carry] = np.asarray(dvd.carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2)[0])
     tm = TargetLM(TCFG)
     checked = 0
@@ -312,7 +312,7 @@ def test_dvd_teaches_carryover_what_carried_rows_mean():
     batches = [_pair_data(table, data_rng, 8) for _ in range(120)]
     taus = {}
     for mode in ("dvd", "control"):
-        cfg = TrainConfig(num_anchors=8, mode=mode, lr=1e-2, steps=len(batches), warmup_ratio=0.05)
+        cfg = TrainConfig(loss=LossConfig(mode=mode), num_anchors=8, lr=1e-2, steps=len(batches), warmup_ratio=0.05)
         sc = step_config(cfg, tcfg, dc)
         opt = make_optimizer(cfg, cfg.steps)
         state = init_state(params0, opt, 0)
@@ -334,8 +334,9 @@ def test_dvd_and_control_continue_a_baseline_and_resume_exactly(tiny_llama, tmp_
 
     store = synthetic_store(tmp_path / "store")
 
-    def cfg(out, **kw):
-        base = dict(target=str(tiny_llama.path), data=DataConfig(store=str(store), max_len=32, min_loss_tokens=2),
+    def cfg(out, mode="baseline", **kw):
+        base = dict(loss=LossConfig(mode=mode), target=str(tiny_llama.path),
+                    data=DataConfig(store=str(store), max_len=32, min_loss_tokens=2),
                     drafter=DrafterSpec(kind="dflash", layout="zlab", num_proposals=3, num_layers=1,
                                         target_layer_ids=(0, 1), mask_token_id=4),
                     out_dir=str(tmp_path / out), batch_size=8, num_anchors=4, steps=6, log_every=1, save_every=2,
@@ -348,7 +349,7 @@ def test_dvd_and_control_continue_a_baseline_and_resume_exactly(tiny_llama, tmp_
     assert train(cfg("base", steps=4), progress=False)["finished"]
     init = str(tmp_path / "base" / "drafter")
     for mode in ("dvd", "control"):
-        assert train(cfg(mode, mode=mode, init_from=init), progress=False)["finished"]
+        assert train(cfg(mode, mode, init_from=init), progress=False)["finished"]
     dvd_m, ctl_m = metrics("dvd"), metrics("control")
     # same starting drafter, same batches and anchors: draft 1 is identical at step 1
     assert dvd_m[1]["draft1/rejected_hist"] == ctl_m[1]["draft1/rejected_hist"]
@@ -356,9 +357,9 @@ def test_dvd_and_control_continue_a_baseline_and_resume_exactly(tiny_llama, tmp_
     assert len(dvd_m[6]["draft1/rejected_hist"]) == 4 and "off/ce_loss" in dvd_m[6] and "off/ce_loss" not in ctl_m[6]
     assert (tmp_path / "dvd" / "metrics.png").is_file()
     # killed after step 3 and resumed: every later loss as in the uninterrupted run
-    part = train(cfg("dvd2", mode="dvd", init_from=init), progress=False, stop_at_step=3)
+    part = train(cfg("dvd2", "dvd", init_from=init), progress=False, stop_at_step=3)
     assert not part["finished"]
-    train(cfg("dvd2", mode="dvd", init_from=init), progress=False)
+    train(cfg("dvd2", "dvd", init_from=init), progress=False)
     again = metrics("dvd2")
     for s in range(1, 7):
         assert again[s]["loss"] == pytest.approx(dvd_m[s]["loss"], rel=1e-5, abs=1e-6), s
@@ -371,8 +372,8 @@ def test_dvd_step_with_remat_and_vocabulary_chunks_equals_the_plain_one():
     tp = init_params(TCFG, jax.random.key(0))
     ids, lm = _batch(0)
     out = []
-    for kw in ({}, {"remat": True, "loss_chunk_rows": 7}):  # 7 divides none of the row counts: padding
-        cfg = TrainConfig(num_anchors=5, mode="dvd", **kw)
+    for remat, chunk in ((False, 0), (True, 7)):  # 7 divides none of the row counts: padding
+        cfg = TrainConfig(loss=LossConfig(mode="dvd", chunk_rows=chunk), num_anchors=5, remat=remat)
         sc = step_config(cfg, TCFG, dc)
         opt = make_optimizer(cfg, 2)
         state = init_state(init_drafter_params(dc, jax.random.key(1)), opt, 0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
 
-from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
+from carryover_jax.config import DrafterConfig, LossConfig, TargetConfig, TrainConfig
 from carryover_jax.decode import speculative as sp
 from carryover_jax.decode.sampling import sample
 from carryover_jax.models.drafter import frozen_from_target, init_drafter_params
@@ -49,7 +49,7 @@ def _recordings(tp, rng_key, n):
 
 @functools.partial(jax.jit, static_argnums=1)
 def _dvd_accepts(tp, dc, params, ids):
-    sc = step_config(TrainConfig(num_anchors=1, mode="dvd", dvd_temperature=T), TCFG, dc)
+    sc = step_config(TrainConfig(loss=LossConfig(mode="dvd", dvd_temperature=T), num_anchors=1), TCFG, dc)
     n, s = ids.shape
     taps, last = TargetLM(TCFG).apply({"params": tp}, ids, LAYERS, method=TargetLM.features)
     lm = jnp.zeros((n, s), jnp.int32).at[:, len(PROMPT):].set(1)  # t0 and x_1..x_P are generated

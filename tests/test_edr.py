@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig
+from carryover_jax.config import DrafterConfig, LossConfig, TargetConfig, TrainConfig
 from carryover_jax.errors import ConfigError
 from carryover_jax.eval.offline import expected_rounds as offline_rounds
 from carryover_jax.eval.offline import greedy_rounds
@@ -82,7 +82,8 @@ def test_edr_step_gradient_is_the_gradient_of_expected_rounds(kind):
     lm[0, 4:] = 1
     lm[1, 3:12] = 1
     lm = jnp.asarray(lm)
-    sc = step_config(TrainConfig(num_anchors=16, objective="edr", ce_weight=0.0, l1_weight=0.0), TCFG, dc)
+    cfg = TrainConfig(loss=LossConfig(objective="edr", ce_weight=0.0, l1_weight=0.0), num_anchors=16)
+    sc = step_config(cfg, TCFG, dc)
     batch = {"input_ids": ids, "loss_mask": lm}
     taps, last = TargetLM(TCFG).apply({"params": tp}, ids, LAYERS, method=TargetLM.features)
     feats = jnp.concatenate(taps, -1)
@@ -119,6 +120,6 @@ def test_edr_step_gradient_is_the_gradient_of_expected_rounds(kind):
 
 def test_edr_is_refused_where_its_rounds_do_not_hold():
     with pytest.raises(ConfigError, match="baseline-training objective"):
-        TrainConfig(objective="edr", mode="dvd")
+        TrainConfig(loss=LossConfig(objective="edr", mode="dvd"))
     with pytest.raises(ConfigError, match="objective must be"):
-        TrainConfig(objective="rounds")
+        TrainConfig(loss=LossConfig(objective="rounds"))

@@ -243,7 +243,7 @@ def test_baseline_training_on_a_gemma_target_learns(gemma4):
     (soft-capped logits) that learns a deterministic toy sequence."""
     import jax
 
-    from carryover_jax.config import DrafterConfig, DrafterSpec, TrainConfig
+    from carryover_jax.config import DrafterConfig, DrafterSpec, LossConfig, TrainConfig
     from carryover_jax.models.drafter import init_drafter_params
     from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
 
@@ -251,7 +251,7 @@ def test_baseline_training_on_a_gemma_target_learns(gemma4):
     dc = DrafterConfig.for_target(target.cfg, kind="markov", layout="deepspec", num_proposals=3, num_layers=1,
                                   target_layer_ids=(0, 2), markov_rank=8)
     cfg = TrainConfig(drafter=DrafterSpec(kind="markov"), num_anchors=4, lr=3e-2, steps=60, warmup_ratio=0.05,
-                      ce_weight=1.0, l1_weight=0.0)
+                      loss=LossConfig(ce_weight=1.0, l1_weight=0.0))
     sc = step_config(cfg, target.cfg, dc)
     opt = make_optimizer(cfg, cfg.steps)
     state = init_state(init_drafter_params(sc.drafter, jax.random.key(1)), opt, 0)
@@ -271,7 +271,7 @@ def test_dvd_verification_on_gemma_equals_sequential_forwards(gemma):
     each sliding layer's window: equal to one cache-free forward per block."""
     import jax
 
-    from carryover_jax.config import DrafterConfig, TrainConfig
+    from carryover_jax.config import DrafterConfig, LossConfig, TrainConfig
     from carryover_jax.train import anchors as A
     from carryover_jax.train import dvd
     from carryover_jax.train.step import step_config
@@ -280,7 +280,7 @@ def test_dvd_verification_on_gemma_equals_sequential_forwards(gemma):
     layers = (-1, 0, 2, 3)
     dc = DrafterConfig.for_target(target.cfg, kind="dflash", layout="zlab", num_proposals=3, num_layers=1,
                                   target_layer_ids=layers)
-    sc = step_config(TrainConfig(num_anchors=4, mode="dvd"), target.cfg, dc)
+    sc = step_config(TrainConfig(loss=LossConfig(mode="dvd"), num_anchors=4), target.cfg, dc)
     rng = np.random.default_rng(9)
     ids = jnp.asarray(_ids(rng, 2, 20))
     lm = jnp.ones_like(ids)

@@ -12,11 +12,12 @@ from safetensors.numpy import load_file, save_file
 
 from carryover_jax import CheckpointError, ConfigError, load_target
 from carryover_jax.weights.hf import save_params, target_hf_name
+from carryover_jax.weights.hf_config import target_config_to_hf
 
 
 def test_save_then_load_round_trip(tiny_qwen3, tmp_path):
     t = load_target(tiny_qwen3.path, tokenizer=False)
-    out = save_params(t.params, tmp_path / "copy", t.cfg.to_hf())
+    out = save_params(t.params, tmp_path / "copy", target_config_to_hf(t.cfg))
     back = load_target(out, tokenizer=False)
     assert back.cfg == t.cfg
     jax.tree_util.tree_map(np.testing.assert_array_equal, t.params, back.params)

@@ -12,6 +12,7 @@ from carryover_jax.config import DataConfig, DrafterConfig, TargetConfig, TrainC
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.target import TargetLM, init_params, new_cache
 from carryover_jax.numerics import REFERENCE, Numerics, lm_head_logits
+from carryover_jax.weights.hf_config import target_config_from_hf, target_config_to_hf
 
 TINY = dict(family="qwen3", vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
             num_kv_heads=2, head_dim=8, qk_norm=True)
@@ -64,7 +65,7 @@ def test_model_configs_hold_numerics_and_serializers_leave_them_out():
     assert (bf.dtype, bf.cache_dtype, bf.param_dtype, bf.attention_backend) == ("bfloat16", "bfloat16", "float32",
                                                                                 "pallas")
     assert hash(bf) != hash(cfg) and bf != cfg  # a jit static argument: another program
-    assert TargetConfig.from_hf(cfg.to_hf(), dtype="bfloat16").numerics.dtype == "bfloat16"
+    assert target_config_from_hf(target_config_to_hf(cfg), dtype="bfloat16").numerics.dtype == "bfloat16"
     # an unresolved numerics in a model config takes the CPU reference for its unset fields
     assert TargetConfig(**TINY, numerics=Numerics(dtype="bfloat16")).numerics == Numerics.for_platform(
         "cpu", dtype="bfloat16")

@@ -32,7 +32,7 @@ def test_non_editable_install_ships_configs_and_export_inside_the_package(tmp_pa
     # the venv's editable finder would resolve a missing module from the repo: check where each came from
     probe = ("import carryover_jax.configs as c, carryover_jax.export.torch_reference as t\n"
              "print(c.__file__); print(t.__file__)\n"
-             "cfg = c.load_config('smollm2'); print(cfg.name, cfg.target, c.load_config('smollm2:dvd').mode)\n"
+             "cfg = c.load_config('smollm2'); print(cfg.name, cfg.target, c.load_config('smollm2:dvd').loss.mode)\n"
              # the CLI finds the config by name (and then refuses the made-up key)
              "from carryover_jax.cli import main\n"
              "print(main(['train', '--config', 'smollm2', '--set', 'no_such_key=1']))\n")

@@ -68,7 +68,7 @@ def test_pipeline_runs_every_stage_skips_finished_ones_and_resumes_a_killed_stag
     # the control stage is killed after 3 of its 4 steps (its step-2 checkpoint survives)
     cfgs = stage_configs(config, out, preset="quick", overrides=kw["overrides"],
                          continue_overrides=kw["continue_overrides"])
-    assert cfgs["control"].mode == "control" and cfgs["dvd"].mode == "dvd"
+    assert cfgs["control"].loss.mode == "control" and cfgs["dvd"].loss.mode == "dvd"
     assert cfgs["dvd"].init_from == cfgs["control"].init_from == str(out / "baseline" / "drafter")
     assert not train(cfgs["control"], progress=False, stop_at_step=3)["finished"]
     msgs.clear()

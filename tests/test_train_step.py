@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from carryover_jax.config import DrafterConfig, DrafterSpec, MeshConfig, TargetConfig, TrainConfig
+from carryover_jax.config import DrafterConfig, DrafterSpec, LossConfig, MeshConfig, TargetConfig, TrainConfig
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.layers import Prefix
 from carryover_jax.models.target import TargetLM, init_params
@@ -89,7 +89,7 @@ def test_drafter_learns_a_deterministic_toy_target(kind):
     dc = _drafter_cfg(kind, "deepspec")
     # the random toy target is not the data generator here, so supervise with CE only
     cfg = TrainConfig(drafter=DrafterSpec(kind=kind), num_anchors=8, lr=1e-2, steps=150, warmup_ratio=0.05,
-                      ce_weight=1.0, l1_weight=0.0)
+                      loss=LossConfig(ce_weight=1.0, l1_weight=0.0))
     sc = step_config(cfg, TCFG, dc)
     tp = init_params(TCFG, jax.random.key(0))
     opt = make_optimizer(cfg, cfg.steps)
@@ -112,7 +112,7 @@ def test_drafter_learns_a_deterministic_toy_target(kind):
 def test_sharded_step_equals_unsharded(mode):
     assert jax.device_count() == 8
     dc = _drafter_cfg("markov", "zlab")
-    cfg = TrainConfig(num_anchors=6, steps=4, mode=mode)
+    cfg = TrainConfig(loss=LossConfig(mode=mode), num_anchors=6, steps=4)
     sc = step_config(cfg, TCFG, dc)
     tp = init_params(TCFG, jax.random.key(0))
     opt = make_optimizer(cfg, cfg.steps)
@@ -167,7 +167,7 @@ def test_vocab_chunked_loss_equals_the_full_one():
     batch = _counting_batch(np.random.default_rng(3), 4, 20)
     out = []
     for chunk in (0, 7):  # 7 does not divide the 4 x 6 x 4 rows: exercises the padding
-        cfg = TrainConfig(num_anchors=6, steps=2, loss_chunk_rows=chunk)
+        cfg = TrainConfig(loss=LossConfig(chunk_rows=chunk), num_anchors=6, steps=2)
         sc = step_config(cfg, TCFG, dc)
         opt = make_optimizer(cfg, cfg.steps)
         state = init_state(init_drafter_params(dc, jax.random.key(1)), opt, 5)
@@ -269,7 +269,7 @@ def test_target_labels_are_the_targets_greedy_tokens():
     mask[:, 8:] = 1
 
     def loss(labels, x):
-        sc = step_config(TrainConfig(num_anchors=6, labels=labels), TCFG, dc)
+        sc = step_config(TrainConfig(loss=LossConfig(labels=labels), num_anchors=6), TCFG, dc)
         batch = {"input_ids": jnp.asarray(x), "loss_mask": jnp.asarray(mask)}
         return jax.jit(baseline_loss, static_argnums=(1,))(params, sc, tp, batch, jax.random.key(5))[1]
 
@@ -290,13 +290,13 @@ def test_kl_weight_adds_the_target_distillation_term():
     batch = _counting_batch(np.random.default_rng(3), 4, 16)
     params = init_drafter_params(dc, jax.random.key(1))
     loss = jax.jit(baseline_loss, static_argnums=(1,))
-    (l0, m0), (l1, m1) = (loss(params, step_config(TrainConfig(num_anchors=4, kl_weight=w), TCFG, dc), tp, batch,
-                               jax.random.key(5)) for w in (0.0, 0.5))
+    (l0, m0), (l1, m1) = (loss(params, step_config(TrainConfig(loss=LossConfig(kl_weight=w), num_anchors=4), TCFG, dc),
+                               tp, batch, jax.random.key(5)) for w in (0.0, 0.5))
     assert float(m0["kl_loss"]) > 0
     np.testing.assert_allclose(float(m1["ce_loss"]), float(m0["ce_loss"]), rtol=1e-6)
     np.testing.assert_allclose(float(l1), float(l0) + 0.5 * float(m0["kl_loss"]), rtol=1e-5)
 
-    cfg = TrainConfig(num_anchors=4, lr=1e-2, steps=40, ce_weight=0.0, kl_weight=1.0)
+    cfg = TrainConfig(loss=LossConfig(ce_weight=0.0, kl_weight=1.0), num_anchors=4, lr=1e-2, steps=40)
     sc = step_config(cfg, TCFG, dc)
     opt = make_optimizer(cfg, cfg.steps)
     state = init_state(params, opt, 0)

@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from carryover_jax.bench.prompts import BENCH_PROMPTS
-from carryover_jax.config import next_bucket
+from carryover_jax.decode.buckets import next_bucket
 from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode import speculative as sp
 from carryover_jax.decode.generate import generate, speculative_generate

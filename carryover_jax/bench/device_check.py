@@ -130,7 +130,7 @@ def _memory(res: dict, dry: bool, deadline: float):
     import dataclasses
 
     from carryover_jax.bench.train import compiled_memory
-    from carryover_jax.config import preset
+    from carryover_jax.config import DrafterConfig, preset
     from carryover_jax.configs import load_config
 
     rows = []
@@ -140,7 +140,7 @@ def _memory(res: dict, dry: bool, deadline: float):
             rows.append({"config": name, "skipped": "budget spent"})
             continue
         cfg = load_config(name)
-        cfg = cfg.replace(mode=mode) if mode else cfg
+        cfg = cfg.with_loss(mode=mode) if mode else cfg
         tcfg = preset(pre)
         if dry:  # the same function on toy shapes: a 2-layer target, short sequences, few anchors
             tcfg = _toy_target() if pre == "qwen3-4b" else tcfg.replace(
@@ -151,7 +151,7 @@ def _memory(res: dict, dry: bool, deadline: float):
                               drafter=dataclasses.replace(cfg.drafter, num_layers=1, target_layer_ids=(0,),
                                                           mask_token_id=0, markov_rank=8))
         try:
-            dcfg = cfg.drafter.build(tcfg)
+            dcfg = DrafterConfig.for_target(tcfg, cfg.drafter)
             rows.append({"config": name, **compiled_memory(cfg, tcfg, dcfg, devices=2 if dry else 64, backend="auto")})
         except Exception as e:  # noqa: BLE001 - the check reports every part
             rows.append({"config": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"})

@@ -39,7 +39,7 @@ def _step_times(cfg: TrainConfig, target, dcfg, params, rng, steps: int) -> tupl
     out, compile_s = {}, 0.0
     for mode in ("baseline", "dvd", "control"):
         # the DVD step is timed without the carried-withheld diagnostic forward: it is not training compute
-        c = cfg.replace(mode=mode, dvd_off_metrics=False, steps=max(steps, 2), epochs=None)
+        c = cfg.replace(steps=max(steps, 2), epochs=None).with_loss(mode=mode, off_metrics=False)
         sc = step_config(c, target.cfg, dcfg)
         opt = make_optimizer(c, 10)
         state = init_state(params, opt, 0)

@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig, next_bucket, zlab_layer_ids
+from carryover_jax.config import DrafterConfig, LossConfig, TargetConfig, TrainConfig, zlab_layer_ids
+from carryover_jax.decode.buckets import next_bucket
 from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode import speculative as sp
 from carryover_jax.models.drafter import init_drafter_params
@@ -334,8 +335,8 @@ def _train_step(tcfg, dcfg, tp, batch, anchors: int, backend: str, repeats: int,
     reported, not raised, so one device run covers the rest."""
     row: dict[str, Any] = {"backend": backend, "mode": mode}
     try:
-        cfg = TrainConfig(num_anchors=anchors, steps=10, compute_dtype=tcfg.dtype, remat=True,
-                          attention_backend=backend, mode=mode)
+        cfg = TrainConfig(loss=LossConfig(mode=mode), num_anchors=anchors, steps=10, compute_dtype=tcfg.dtype,
+                          remat=True, attention_backend=backend)
         stc = step_config(cfg, tcfg, dcfg)
         opt = make_optimizer(cfg, 10)
         st = init_state(init_drafter_params(stc.drafter, jax.random.key(2)), opt, 0)

@@ -105,7 +105,7 @@ def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
     step = jax.jit(train_step, static_argnums=(0, 1))
     calls = {}
     for name, (mode, batch) in arms.items():
-        c = cfg.replace(mode=mode)
+        c = cfg.with_loss(mode=mode)
         sc = step_config(c, target.cfg, dcfg)
         opt = make_optimizer(c, 10)
         state = init_state(params, opt, 0)
@@ -144,8 +144,8 @@ def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
     attn = local_b * dcfg.backbone.num_heads * (n * t) * (s + t) * 4
     feats = local_b * s * (len(dcfg.target_layer_ids) + 1) * target_cfg.hidden_size * act_dt
     rows = local_b * n * dcfg.num_proposals
-    if cfg.loss_chunk_rows:
-        rows = min(rows, cfg.loss_chunk_rows)
+    if cfg.loss.chunk_rows:
+        rows = min(rows, cfg.loss.chunk_rows)
     logits = 2 * rows * target_cfg.vocab_size * 4  # draft + aligned target, float32
     out = {
         "devices": devices, "local_batch": local_b,
@@ -190,7 +190,7 @@ def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
     state = jax.eval_shape(lambda: init_state(init_drafter_params(sc.drafter, jax.random.key(0)), opt, 0))
     s = cfg.data.max_len
     base = {"devices": devices, "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor}, "backend": backend,
-            "global_batch": cfg.batch_size, "max_len": s, "num_anchors": cfg.num_anchors, "mode": cfg.mode}
+            "global_batch": cfg.batch_size, "max_len": s, "num_anchors": cfg.num_anchors, "mode": cfg.loss.mode}
     if len(jax.devices()) >= devices:
         b = cfg.batch_size
         batch = {k: jax.ShapeDtypeStruct((b, s), jnp.int32) for k in ("input_ids", "loss_mask")}
@@ -208,11 +208,11 @@ def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
         ma = fn.lower(state, tparams, batch).compile().memory_analysis()
         method = f"compiled: one device's program (local batch {b}; data parallel)"
     else:
-        est = memory_estimate(cfg, target_cfg, dcfg, devices=devices, dvd=cfg.mode != "baseline")
+        est = memory_estimate(cfg, target_cfg, dcfg, devices=devices, dvd=cfg.loss.mode != "baseline")
         return {**base, "method": "estimate (eval_shape; compile needs the devices)", "total_gb": est["total_gb"],
                 "estimate": est}
     if ma is None:
-        est = memory_estimate(cfg, target_cfg, dcfg, devices=devices, dvd=cfg.mode != "baseline")
+        est = memory_estimate(cfg, target_cfg, dcfg, devices=devices, dvd=cfg.loss.mode != "baseline")
         return {**base, "method": "estimate (this platform has no memory analysis)", "total_gb": est["total_gb"],
                 "estimate": est}
     gb = lambda n: round(n / 1e9, 3)  # noqa: E731
@@ -229,7 +229,7 @@ def memory_table(configs: dict[str, TrainConfig], *, devices: int, backends=("ei
     rows = []
     for name, cfg in configs.items():
         tcfg = preset(_PRESET_OF.get(name, name))
-        dcfg = cfg.drafter.build(tcfg)
+        dcfg = DrafterConfig.for_target(tcfg, cfg.drafter)
         for bk in backends:
             if progress:
                 print(f"compiling the {name} step ({bk}) ...", file=sys.stderr, flush=True)

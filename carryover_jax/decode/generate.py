@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from carryover_jax.config import next_bucket
 from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode import speculative as sp
+from carryover_jax.decode.buckets import next_bucket
 from carryover_jax.errors import CarryoverError, RequestError
 from carryover_jax.models.drafter import check_pair
 
@@ -252,7 +252,7 @@ def speculative_generate(
     argmax at any temperature (z-lab's reference loop), still lossless. `carryover`: the drafter attends
     to the previous round's rejected rows (`SpecConfig.attend_carried`); it needs a drafter that owns
     the Carryover embedding `e_rej` (`DrafterConfig.carryover`). `carry`: what those rows hold, as the drafter
-    was trained (`dvd_carry`): "hidden" (the target's verify states), "draft_tokens" or "target_tokens".
+    was trained (`loss.carry`): "hidden" (the target's verify states), "draft_tokens" or "target_tokens".
     """
     dcfg, dparams = (drafter.cfg, drafter.params) if hasattr(drafter, "cfg") else drafter
     if carryover and not dcfg.carryover:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from carryover_jax.config import DrafterConfig, TargetConfig
+from carryover_jax.config import CARRY_INTERFACES, DrafterConfig, TargetConfig
 from carryover_jax.decode import drafting as D
 from carryover_jax.decode.sampling import is_stop, probs, sample
 from carryover_jax.errors import RequestError
@@ -35,8 +35,6 @@ from carryover_jax.models.target import TargetLM, new_cache
 Array = jax.Array
 
 
-CARRY_INTERFACES = ("hidden", "draft_tokens", "target_tokens")  # TrainConfig.dvd_carry's values
-
 
 @dataclasses.dataclass(frozen=True)
 class SpecConfig:
@@ -45,7 +43,7 @@ class SpecConfig:
     target: TargetConfig
     drafter: DrafterConfig
     attend_carried: bool = True  # the drafter attends to the carried rows (needs a drafter with e_rej)
-    # what a carried row holds (the paper's interface ablation, as DVD trained it: `dvd_carry`): the target's
+    # what a carried row holds (the paper's interface ablation, as DVD trained it: `loss.carry`): the target's
     # verify "hidden" states (the method), the rejected "draft_tokens", or the target's own greedy
     # "target_tokens" at the rejected positions; tokens go through the frozen embedding instead of fc
     carry: str = "hidden"

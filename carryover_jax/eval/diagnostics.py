@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from carryover_jax.config import TrainConfig, next_bucket
+from carryover_jax.config import LossConfig, TrainConfig
+from carryover_jax.decode.buckets import next_bucket
 from carryover_jax.decode import drafting as D
 from carryover_jax.decode import speculative as sp
 from carryover_jax.decode.generate import MAX_STOP_IDS, generate, pad_batch, plan_lengths
@@ -184,7 +185,7 @@ def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, m
 # ---- training-style replay on recorded sequences (DVD training's own rollout) -----------------------
 def replay_step_config(target_cfg, drafter_cfg, num_anchors: int, carry: str = "hidden"):
     """The DVD step's static settings for the target and drafter as loaded (their numerics kept)."""
-    return step_config(TrainConfig(mode="dvd", num_anchors=num_anchors, dvd_carry=carry), target_cfg, drafter_cfg,
+    return step_config(TrainConfig(loss=LossConfig(mode="dvd", carry=carry), num_anchors=num_anchors), target_cfg, drafter_cfg,
                        numerics=target_cfg.numerics)
 
 

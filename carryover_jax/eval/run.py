@@ -20,9 +20,8 @@ from typing import Any, Callable, Sequence
 import jax
 from tqdm import tqdm
 
-from carryover_jax.config import DataConfig
+from carryover_jax.config import CARRY_INTERFACES, DataConfig
 from carryover_jax.decode.generate import generate, plan_lengths, speculative_generate
-from carryover_jax.decode.speculative import CARRY_INTERFACES
 from carryover_jax.errors import CarryoverError
 from carryover_jax.eval.datasets import load_prompts
 from carryover_jax.eval.diagnostics import run_diagnostics
@@ -43,7 +42,7 @@ class DrafterEntry:
     label: str
     path: str
     carryover: bool = False
-    carry: str = "hidden"  # what the carried rows hold (SpecConfig.carry; the drafter's dvd_carry)
+    carry: str = "hidden"  # what the carried rows hold (SpecConfig.carry; the drafter's loss.carry)
 
 
 def parse_drafter_spec(spec: str) -> DrafterEntry:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from carryover_jax.config import ATTENTION_BACKENDS
+from carryover_jax.numerics import ATTENTION_BACKENDS
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.kernels import NEG_INF, prefix_attention
 from carryover_jax.numerics import lm_head_logits

@@ -5,7 +5,7 @@ Rule: steps = round(DVD steps × t_dvd / t_control), never fewer than DVD's step
 t_control are the median wall-clock times of one training step of each, measured by `probe_step_times`:
 both steps compiled (an untimed first call each), then timed alternately on the same first K batches of
 the run's own data order, so machine load drifts hit both alike. DVD's step is timed with
-`dvd_off_metrics=False`: the carried-withheld draft-2 forward is a diagnostic (no gradient), not part of
+`loss.off_metrics=False`: the carried-withheld draft-2 forward is a diagnostic (no gradient), not part of
 what DVD training costs. Checkpointing, logging and snapshots are outside the timed calls.
 
 Why measured time and not FLOPs: the two steps differ by a frozen-target forward over N(P+1) verify
@@ -74,10 +74,10 @@ def probe_step_times(dvd: TrainConfig, control: TrainConfig, *, steps: int = 6,
 
     if steps < 1:
         raise TrainingError(f"probe steps must be >= 1, got {steps}")
-    if dvd.mode != "dvd" or control.mode != "control":
-        raise TrainingError(f"probe_step_times compares a mode=dvd and a mode=control config, got {dvd.mode} and "
-                            f"{control.mode}")
-    dvd = dvd.replace(dvd_off_metrics=False)
+    if dvd.loss.mode != "dvd" or control.loss.mode != "control":
+        raise TrainingError(f"probe_step_times compares a loss.mode=dvd and a loss.mode=control config, got "
+                            f"{dvd.loss.mode} and {control.loss.mode}")
+    dvd = dvd.with_loss(off_metrics=False)
     store = ResponseStore.open(dvd.data.store)
     numerics = dvd.run_numerics()  # as `train` runs them
     target = load_target(dvd.target, numerics=numerics,
@@ -131,12 +131,12 @@ def resolve_compute_control(control: TrainConfig, dvd: TrainConfig, out_dir: str
     there first (with the settings they were measured for: a probe of other settings is measured again)."""
     f = Path(out_dir) / "probe.json"
     dvd_steps = dvd_total_steps(dvd)
-    key = {"dvd": dataclasses.asdict(dvd.replace(dvd_off_metrics=False)), "control": dataclasses.asdict(control)}
+    key = {"dvd": dataclasses.asdict(dvd.with_loss(off_metrics=False)), "control": dataclasses.asdict(control)}
     info = json.loads(f.read_text()) if f.is_file() else None
     if info is None or info.get("settings") != json.loads(json.dumps(key)):
         (log or (lambda m: print(m, file=sys.stderr)))(
             "control_compute: timing a DVD step and a control step on this machine (the equal-compute rule)")
-        info = dict((probe or probe_step_times)(dvd.replace(dvd_off_metrics=False), control))
+        info = dict((probe or probe_step_times)(dvd.with_loss(off_metrics=False), control))
         info["settings"] = key
         f.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(f, info)

@@ -52,7 +52,7 @@ def draft_proposals(sc: StepConfig, params, frozen, feats: Array, blk: A.Blocks)
         z = Drafter(dc).apply({"params": params}, hc, frozen, method=Drafter.logits)
         return sequential_proposals(dc, params, z, ac, None, None, sampling=False)[0]
 
-    rows_per_chunk = max(1, sc.loss_chunk // p) if sc.loss_chunk else 0
+    rows_per_chunk = max(1, sc.loss.chunk_rows // p) if sc.loss.chunk_rows else 0
     toks = chunked_rows(propose, (h, anchor_tok), rows_per_chunk)
     return jax.lax.stop_gradient(toks).reshape(b, n, p)
 
@@ -77,7 +77,7 @@ def coupled_proposals(sc: StepConfig, params, target_params, frozen, feats: Arra
     params = jax.lax.stop_gradient(params)
     b, s = feats.shape[:2]
     t, p, n = dc.block_size, dc.num_proposals, blk.anchors.shape[1]
-    temp, top_k, top_p = sc.draft1_temperature, sc.top_k, sc.top_p
+    temp, top_k, top_p = sc.loss.dvd_temperature, sc.top_k, sc.top_p
     h = proposal_hidden(params, dc, frozen, feats, blk).reshape(b * n, p, -1)
     pred_at = jnp.clip(blk.label_idx - 1, 0, s - 1).reshape(b, n * p)
     th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n, p, -1)
@@ -109,7 +109,7 @@ def coupled_proposals(sc: StepConfig, params, target_params, frozen, feats: Arra
         _, d = jax.lax.scan(slot, ac.astype(jnp.int32), (sw(z), sw(pt), sw(xc), sw(slot_keys)))
         return sw(d)
 
-    rows_per_chunk = max(1, sc.loss_chunk // p) if sc.loss_chunk else 0
+    rows_per_chunk = max(1, sc.loss.chunk_rows // p) if sc.loss.chunk_rows else 0
     toks = chunked_rows(draw, (h, th, x, anchor_tok, keys), rows_per_chunk)
     return jax.lax.stop_gradient(toks).reshape(b, n, p)
 
@@ -171,9 +171,9 @@ def carried_rows(sc: StepConfig, target_params, ids, anchors, keep, proposals, a
     idx = jnp.minimum(accepted[..., None] + 1 + j, p)  # verify index [B, N, P]
     valid = (j < p - accepted[..., None]) & keep2[..., None]
     positions = anchors2[..., None] + j
-    if sc.carry == "draft_tokens":  # verify index i >= 1 holds d_i = proposals[i - 1]
+    if sc.loss.carry == "draft_tokens":  # verify index i >= 1 holds d_i = proposals[i - 1]
         rows = jnp.take_along_axis(proposals, jnp.maximum(idx - 1, 0), axis=-1)
-    elif sc.carry == "target_tokens":  # the target's greedy token from each rejected state
+    elif sc.loss.carry == "target_tokens":  # the target's greedy token from each rejected state
         _, last = verify_blocks(sc, target_params, ids, anchors, keep, proposals, with_hidden=True, kv=kv)
         hid = jnp.take_along_axis(last, idx[..., None], axis=2)
         rows = jnp.argmax(TargetLM(sc.target).apply({"params": target_params}, hid, method=TargetLM.head), -1)
@@ -206,9 +206,9 @@ def rollout(sc: StepConfig, params, target_params, frozen, batch, feats, last, r
     dc = sc.drafter
     anchors, keep, nvalid = A.sample_anchors(rng, lm, sc.num_anchors)
     blk1 = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
-    if sc.target_labels:  # draft 1 is accepted as in decoding: against the target's greedy tokens
+    if sc.loss.labels == "target":  # draft 1 is accepted as in decoding: against the target's greedy tokens
         blk1 = blk1.replace(labels=target_greedy_labels(sc, target_params, last, blk1))
-    if sc.draft1_temperature > 0:  # a sampled recording: draft 1 as speculative sampling would accept it
+    if sc.loss.dvd_temperature > 0:  # a sampled recording: draft 1 as speculative sampling would accept it
         proposals = coupled_proposals(sc, params, target_params, frozen, feats, last, blk1, jax.random.fold_in(rng, 1))
     else:
         proposals = draft_proposals(sc, params, frozen, feats, blk1)
@@ -226,16 +226,16 @@ def dvd_loss(params, sc: StepConfig, target_params, batch, rng):
     ids = batch["input_ids"]
     dc, n = sc.drafter, sc.num_anchors
     kv = None
-    if sc.mode == "dvd" and "features" not in batch:  # one target pass gives the features and the K/V
+    if sc.loss.mode == "dvd" and "features" not in batch:  # one target pass gives the features and the K/V
         taps, last, *kv = TargetLM(sc.target).apply({"params": target_params}, ids, dc.target_layer_ids,
                                                     method=TargetLM.features, with_kv=True)
         feats, last = jax.lax.stop_gradient(jnp.concatenate(taps, -1)), jax.lax.stop_gradient(last)
     else:
         feats, last = batch_features(sc, target_params, batch)
     frozen = frozen_from_target(target_params, sc.target)
-    r = rollout(sc, params, target_params, frozen, batch, feats, last, rng, carried=sc.mode == "dvd", kv=kv)
+    r = rollout(sc, params, target_params, frozen, batch, feats, last, rng, carried=sc.loss.mode == "dvd", kv=kv)
     loss, metrics = block_loss(params, sc, target_params, frozen, ids, feats, last, r.blk2, r.carried)
-    if sc.mode == "dvd" and sc.off_metrics:  # the same draft 2 with the carried rows withheld
+    if sc.loss.mode == "dvd" and sc.loss.off_metrics:  # the same draft 2 with the carried rows withheld
         _, off = block_loss(jax.lax.stop_gradient(params), sc, target_params, frozen, ids, feats, last, r.blk2)
         metrics.update({f"off/{k}": v for k, v in off.items() if k in ("ce_loss", "tau_estimate", "top1_acc@slot")})
     metrics.update(anchor_metrics(r.keep, r.nvalid, n))

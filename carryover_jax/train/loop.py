@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from carryover_jax.config import TrainConfig
+from carryover_jax.config import DrafterConfig, TrainConfig
 from carryover_jax.errors import CarryoverError
 from carryover_jax.io import atomic_write_json
 from carryover_jax.loading import default_mask_token_id, load_drafter, load_target
@@ -52,7 +52,7 @@ def build_drafter(cfg: TrainConfig, target, store=None):
         if is_main():
             print(f"train: draft vocabulary of {len(vocab)} tokens covers {coverage:.1%} of the supervised "
                   "response tokens", file=sys.stderr)
-    dcfg = cfg.drafter.build(target.cfg, default, vocab)
+    dcfg = DrafterConfig.for_target(target.cfg, cfg.drafter, default_mask_token_id=default, draft_vocab=vocab)
     params = init_drafter_params(dcfg, jax.random.key(cfg.seed))
     return dcfg, with_draft_head(dcfg, params, frozen_from_target(target.params, target.cfg))
 

@@ -61,8 +61,7 @@ def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, 
     """Loss and metrics of the drafter on the blocks `blk` (baseline training, or DVD's draft 2);
     `carried` as in `proposal_hidden`."""
     terms = block_terms(params, sc, target_params, frozen, ids, feats, last, blk, carried)
-    return combine(*terms, blk.eval_mask, gamma=sc.gamma, ce_weight=sc.ce_weight, l1_weight=sc.l1_weight,
-                   kl_weight=sc.kl_weight)
+    return combine(*terms, blk.eval_mask, loss=sc.loss)
 
 
 def block_terms(params, sc: StepConfig, target_params, frozen, ids, feats, last, blk: A.Blocks, carried=None):
@@ -82,11 +81,11 @@ def block_terms(params, sc: StepConfig, target_params, frozen, ids, feats, last,
         if dc.markov_rank:  # teacher-forced transition bias from the previous ground-truth token
             z = z + Drafter(dc).apply({"params": params}, pc, method=Drafter.markov_bias)
         zt = jax.lax.stop_gradient(TargetLM(sc.target).apply({"params": target_params}, thc, method=TargetLM.head))
-        if sc.target_labels:  # self-distillation: what the target itself would say at this point
+        if sc.loss.labels == "target":  # self-distillation: what the target itself would say at this point
             lc = jnp.argmax(zt, axis=-1).astype(lc.dtype)
         return row_terms(z, zt, lc, dc.draft_vocab)
 
-    out = chunked_rows(terms, (h, th, labels, prev), sc.loss_chunk)
+    out = chunked_rows(terms, (h, th, labels, prev), sc.loss.chunk_rows)
     return tuple(x.reshape(b, n, p) for x in out)
 
 
@@ -100,7 +99,7 @@ def target_greedy_labels(sc: StepConfig, target_params, last, blk: A.Blocks) -> 
     def greedy(h):
         return jnp.argmax(TargetLM(sc.target).apply({"params": target_params}, h, method=TargetLM.head), axis=-1)
 
-    return chunked_rows(greedy, (th,), sc.loss_chunk).reshape(b, n, p).astype(blk.labels.dtype)
+    return chunked_rows(greedy, (th,), sc.loss.chunk_rows).reshape(b, n, p).astype(blk.labels.dtype)
 
 
 def batch_features(sc: StepConfig, target_params, batch):
@@ -118,12 +117,11 @@ def baseline_loss(params, sc: StepConfig, target_params, batch, rng):
     blk = A.build_blocks(sc.drafter, ids, lm, anchors, keep, nvalid)
     frozen = frozen_from_target(target_params, sc.target)
     terms = block_terms(params, sc, target_params, frozen, ids, feats, last, blk)
-    loss, metrics = combine(*terms, blk.eval_mask, gamma=sc.gamma, ce_weight=sc.ce_weight, l1_weight=sc.l1_weight,
-                            kl_weight=sc.kl_weight)
-    if sc.objective == "edr":
+    loss, metrics = combine(*terms, blk.eval_mask, loss=sc.loss)
+    if sc.loss.objective == "edr":
         edr_loss, edr_metrics = edr_term(params, sc, target_params, frozen, ids, lm, feats, last, blk, terms[2],
                                          nvalid)
-        loss = loss + sc.edr_weight * edr_loss
+        loss = loss + sc.loss.edr_weight * edr_loss
         metrics.update(edr_metrics, loss=loss)
     metrics.update(anchor_metrics(keep, nvalid, sc.num_anchors))
     return loss, metrics

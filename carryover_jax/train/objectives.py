@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from carryover_jax.config import LossConfig
 from carryover_jax.models.drafter import draft_index_table
 
 Array = jax.Array
@@ -53,23 +54,25 @@ def row_terms(draft_logits: Array, target_logits: Array, labels: Array, draft_vo
     return ce, l1, jnp.clip(1.0 - 0.5 * l1, 0.0, 1.0), correct, kl
 
 
-def combine(ce: Array, l1: Array, alpha: Array, correct: Array, kl: Array, eval_mask: Array, *, gamma: float,
-            ce_weight: float, l1_weight: float, kl_weight: float) -> tuple[Array, dict]:
-    """Per-row terms shaped [..., P] -> (loss, metrics), normalised by the batch's total weight."""
+def combine(ce: Array, l1: Array, alpha: Array, correct: Array, kl: Array, eval_mask: Array, *,
+            loss: LossConfig) -> tuple[Array, dict]:
+    """Per-row terms shaped [..., P] -> (loss, metrics), normalised by the batch's total weight; `loss` is
+    resolved (`LossConfig.resolved`: no None weights)."""
     e = eval_mask.astype(jnp.float32)
-    w = e * position_weights(e.shape[-1], gamma)
+    w = e * position_weights(e.shape[-1], loss.decay_gamma)
     wsum = jnp.maximum(jnp.sum(w), 1e-6)
     lead = tuple(range(e.ndim - 1))
     esum = jnp.maximum(jnp.sum(e, axis=lead), 1e-6)  # per slot
     metrics = {"ce_loss": jnp.sum(w * ce) / wsum, "top1_acc@slot": jnp.sum(correct * e, axis=lead) / esum,
                "l1_loss": jnp.sum(w * l1) / wsum, "kl_loss": jnp.sum(w * kl) / wsum}
-    loss = ce_weight * metrics["ce_loss"] + l1_weight * metrics["l1_loss"] + kl_weight * metrics["kl_loss"]
+    total = (loss.ce_weight * metrics["ce_loss"] + loss.l1_weight * metrics["l1_loss"]
+             + loss.kl_weight * metrics["kl_loss"])
     ae = jax.lax.stop_gradient(alpha) * e
     metrics["accept_rate@slot"] = jnp.sum(ae, axis=lead) / esum
     # expected accepted length (with bonus) of each valid block, teacher forced
     blocks = e[..., 0] > 0
     tau = 1.0 + jnp.sum(jnp.cumprod(ae, axis=-1), axis=-1)
     metrics["tau_estimate"] = jnp.sum(jnp.where(blocks, tau, 0.0)) / jnp.maximum(jnp.sum(blocks), 1)
-    metrics["loss"] = loss
+    metrics["loss"] = total
     metrics["supervised_tokens"] = jnp.sum(e)
-    return loss, metrics
+    return total, metrics

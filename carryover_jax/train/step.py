@@ -56,7 +56,7 @@ def init_state(params, optimizer, seed: int) -> TrainState:
 
 
 def loss_fn(params, sc: StepConfig, target_params, batch, rng):
-    return (baseline_loss if sc.mode == "baseline" else dvd_loss)(params, sc, target_params, batch, rng)
+    return (baseline_loss if sc.loss.mode == "baseline" else dvd_loss)(params, sc, target_params, batch, rng)
 
 
 def train_step(sc: StepConfig, optimizer, state: TrainState, target_params, batch):

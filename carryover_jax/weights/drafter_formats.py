@@ -30,6 +30,7 @@ from carryover_jax.config import LEGACY_NUMERICS_FIELDS, DrafterConfig, TargetCo
 from carryover_jax.errors import CarryoverError, CheckpointError, ConfigError, first_line
 from carryover_jax.io import atomic_dir, read_json
 from carryover_jax.weights.hf import hf_name, load_params, to_tensors
+from carryover_jax.weights.hf_config import target_config_from_hf, target_config_to_hf
 
 FORMATS = ("native", "zlab", "deepspec")
 CARRYOVER_FILE = "carryover.safetensors"
@@ -80,7 +81,7 @@ def drafter_config_from_dict(d: dict) -> DrafterConfig:
 
 def _backbone_fields(cfg: DrafterConfig) -> dict:
     bc = cfg.backbone
-    hf = bc.to_hf()
+    hf = target_config_to_hf(bc)
     if bc.family == "gemma4":  # DeepSpec's Gemma4DSparkModel: the target's text config, full-attention layers
         hf.update(
             num_hidden_layers=bc.num_layers, layer_types=["full_attention"] * bc.num_layers, tie_word_embeddings=False,
@@ -257,10 +258,10 @@ def detect_format(folder: Path) -> str:
 def config_from_export(hf: dict, fmt: str, *, carryover: bool) -> DrafterConfig:
     n = hf["num_hidden_layers"]
     if "Gemma4DSparkModel" in (hf.get("architectures") or []):
-        text = TargetConfig.from_hf({**hf, "architectures": ["Gemma4ForCausalLM"]}, num_layers=n)
+        text = target_config_from_hf({**hf, "architectures": ["Gemma4ForCausalLM"]}, num_layers=n)
         backbone = gemma_draft_backbone(text, n)
     else:
-        backbone = TargetConfig.from_hf({**hf, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
+        backbone = target_config_from_hf({**hf, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
                                         tie_word_embeddings=False, num_layers=n)
     if fmt == "zlab":
         dc = hf.get("dflash_config") or {}

@@ -54,8 +54,10 @@ def training_facts(source: Path | None) -> dict[str, Any]:
     tc = _read(run / "train_config.json")
     if isinstance(tc, dict):
         data = tc.get("data") or {}
-        out["config"] = {k: tc.get(k) for k in ("name", "target", "mode", "steps", "lr", "batch_size", "num_anchors",
-                                                 "kl_weight", "init_from") if tc.get(k) is not None}
+        loss = tc.get("loss") if isinstance(tc.get("loss"), dict) else tc  # runs before LossConfig: flat
+        out["config"] = {k: tc.get(k) for k in ("name", "target", "steps", "lr", "batch_size", "num_anchors",
+                                                 "init_from") if tc.get(k) is not None}
+        out["config"].update({k: loss.get(k) for k in ("mode", "kl_weight") if loss.get(k) is not None})
         out["config"].update({f"data.{k}": data.get(k) for k in ("source", "responses", "max_prompts")
                               if isinstance(data, dict) and data.get(k) is not None})
     last = _last_json_line(run / "metrics.jsonl")
