@@ -90,8 +90,10 @@ def plan_stages(rates: Rates, budget: Budget) -> dict[str, Any]:
     if budget.max_conversations is not None:
         conversations = min(conversations, budget.max_conversations)
     baseline_steps = max(budget.min_steps, int(work["baseline"] / rates.baseline_step_s))
-    # DVD S steps + equal-steps control S + equal-compute control S * dvd/control (= DVD's cost)
-    cont_steps = max(budget.min_steps, int(work["continue"] / (2 * rates.dvd_step_s + rates.control_step_s)))
+    # DVD S steps + equal-steps control S + equal-compute control max(S, S * dvd/control) steps: DVD's cost, or
+    # S control steps where a control step measured slower than a DVD one (matched_steps never goes below S)
+    per_step = rates.dvd_step_s + rates.control_step_s + max(rates.dvd_step_s, rates.control_step_s)
+    cont_steps = max(budget.min_steps, int(work["continue"] / per_step))
     compute_steps = matched_steps(cont_steps, rates.dvd_step_s, rates.control_step_s)
     prompt_s = rates.eval_token_s * budget.eval_tokens_per_prompt
     prompts_per_dataset = max(1, int(work["eval"] / (prompt_s * budget.eval_datasets)))

@@ -40,6 +40,16 @@ def test_plan_fits_the_budget_at_any_measured_speed(scale):
     assert "| total" in render_plan(plan)
 
 
+def test_plan_fits_when_a_control_step_measures_slower_than_a_dvd_step():
+    """A loaded machine can time the control step above the DVD step: the equal-compute control then runs the
+    DVD's step count (`matched_steps` never goes below it), which the plan must pay for."""
+    budget = Budget(wall_s=420, probe_s=30, min_conversations=10_000)
+    rates = _rates(1.0).__class__(**{**_rates(1.0).__dict__, "dvd_step_s": 0.15, "control_step_s": 0.30})
+    plan = plan_stages(rates, budget)
+    assert plan["steps"]["control_compute"] == plan["steps"]["dvd"]
+    assert plan["estimated_total_s"] <= budget.wall_s
+
+
 def test_plan_sizes_follow_the_measured_rates_not_constants():
     budget = Budget(wall_s=420, probe_s=30, min_conversations=10_000)
     fast, slow = plan_stages(_rates(0.5), budget), plan_stages(_rates(2.0), budget)
