@@ -166,12 +166,16 @@ def _cmd_prepare(args) -> int:
     from carryover_jax.loading import load_target
     from carryover_jax.train.responses import prepare_responses
 
+    if args.shard >= args.num_shards:  # before loading anything
+        raise ConfigError(f"--shard {args.shard} is outside [0, {args.num_shards}) (--num-shards {args.num_shards})")
     cfg = _train_config(args)
     numerics = cfg.run_numerics(prepare=True)
     print(f"prepare: numerics: {numerics.describe()}", file=sys.stderr)
     target = load_target(cfg.target, numerics=numerics)
-    store = prepare_responses(cfg.data, target, progress=not args.quiet)
-    print(json.dumps({"store": str(cfg.data.store), "records": len(store), "tokens": store.num_tokens}))
+    store = prepare_responses(cfg.data, target, progress=not args.quiet, shard=args.shard,
+                              num_shards=args.num_shards)
+    print(json.dumps({"store": str(cfg.data.store), "written": str(store.path), "records": len(store),
+                      "tokens": store.num_tokens}))
     return 0
 
 
@@ -393,6 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a config field, e.g. --set steps=100 --set data.max_len=512")
         t.add_argument("--quiet", action="store_true", help="no progress bar")
         _add_numerics_args(t)  # = --set numerics.<field>=...
+        if name == "prepare":
+            # independent processes (no collective): shard I writes <data.store>/shard-IIIII-of-NNNNN/, and
+            # training reads all N as one store
+            t.add_argument("--shard", type=COUNT0, default=0, metavar="I",
+                           help="this process's shard of the prompts, 0 .. N-1 (default 0)")
+            t.add_argument("--num-shards", type=SIZE, default=1, metavar="N",
+                           help="processes preparing the store together, e.g. one per host or GPU (default 1)")
         t.set_defaults(func=fn)
 
     pp = sub.add_parser("pipeline", help="the main job in one resumable run: prepare -> baseline -> its curve -> "

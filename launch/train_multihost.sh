@@ -15,8 +15,10 @@
 # launch/slurm_train.sbatch instead: JAX reads SLURM_* itself.)
 #
 # Before launching:
-# - run `carryover prepare --config CONFIG` once (any one host): every host must read the same, complete
-#   response store — hosts shard records by position, so they must agree on the record list;
+# - prepare the response store: `carryover prepare --config CONFIG` on one host, or as N independent
+#   processes (one per host or per GPU, no coordinator) with `--shard I --num-shards N` each; every host
+#   must then read the same, complete store (all N shards finished) — hosts shard records by position,
+#   so they must agree on the record list;
 # - put the store (data.store) and the run folder (out_dir) on storage every host sees at the same path:
 #   checkpoints are written collectively by all processes into one directory;
 # - the venv (CARRYOVER_VENV, default .venv in the repository) must exist on every host with a jax

@@ -144,6 +144,21 @@ def _int64_tokens(d: Path) -> None:
     _create_array(d, "tokens", "int64", (), TOKEN_CHUNK, True)
 
 
+def sharded_store(e: Env, *, shards: int, of: int, complete: bool = True) -> str:
+    """A sharded store root with shards 0 .. shards-1 of `of`, the last one finished or not."""
+    from carryover_jax.train.store import ResponseStore, shard_path
+
+    root = e.tmp / "sharded"
+    for i in range(shards):
+        st = ResponseStore.create_or_open(shard_path(root, i, of), meta={"shard": {"index": i, "count": of}},
+                                          indexed=True)
+        st.append([{"id": f"r{i}", "index": i, "input_ids": np.arange(5, 25), "loss_mask": np.ones(20)}])
+        st.commit()
+        if complete or i < shards - 1:
+            st.mark_complete({"plan_size": of})
+    return str(root)
+
+
 def _file_in(folder: Path, name: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text("x")
@@ -327,6 +342,31 @@ CLI_ROWS = [
         r"top_p must be in \(0, 1\]"),
     Row("prepare unknown key", lambda e: ["prepare", "--config", "tiny", "--set", "data.nope=1"],
         r"unknown config key 'data\.nope'"),
+    # sharded prepare and the memory-budgeted generation batch
+    Row("prepare shard index out of range", lambda e: ["prepare", "--config", "tiny", "--shard", "2", "--num-shards",
+                                                       "2"], r"--shard 2 is outside \[0, 2\) \(--num-shards 2\)"),
+    Row("prepare shard index negative", lambda e: ["prepare", "--config", "tiny", "--shard", "-1"],
+        r"argument --shard: must be an integer in \[0, "),
+    Row("prepare num-shards 0", lambda e: ["prepare", "--config", "tiny", "--num-shards", "0"],
+        r"argument --num-shards: must be an integer in \[1, 1048576\], got 0"),
+    Row("prepare data.gen_memory_gb 0", lambda e: ["prepare", "--config", "tiny", "--set", "data.gen_memory_gb=0"],
+        r"data\.gen_memory_gb must be a finite number in \(0, 1e\+06\] or None, got 0\.0"),
+    Row("prepare data.gen_memory_gb negative", lambda e: ["prepare", "--config", "tiny", "--set",
+                                                          "data.gen_memory_gb=-2"],
+        r"data\.gen_memory_gb must be a finite number in \(0, 1e\+06\] or None, got -2\.0"),
+    Row("prepare data.gen_memory_gb too small for one conversation", lambda e: [
+        "prepare", "--config", "tiny", "--quiet", "--set", f"target={e.target}", "--set", f"data.store={e.tmp / 'st'}",
+        "--set", f"data.source={e.prompts}", "--set", "data.gen_memory_gb=1e-6"],
+        r"data\.gen_memory_gb=1e-06: one conversation needs [\d.e-]+ GB \(KV cache .* for 256 slots, activations "
+        r"~[\d.e-]+ GB\); raise the budget or lower data\.max_prompt_tokens / data\.max_new_tokens"),
+    Row("prepare shards into a 1-process store", lambda e: [
+        "prepare", "--config", "tiny", "--quiet", "--set", f"target={e.target}", "--set", f"data.store={e.copy('store')}",
+        "--set", f"data.source={e.prompts}", "--shard", "1", "--num-shards", "2"],
+        r"holds a 1-process response store; prepare 2 shards into another folder"),
+    Row("prepare shards of another count", lambda e: [
+        "prepare", "--config", "tiny", "--quiet", "--set", f"target={e.target}", "--set",
+        f"data.store={sharded_store(e, shards=1, of=3)}", "--set", f"data.source={e.prompts}", "--num-shards", "2"],
+        r"holds the shards of a 3-way preparation, not 2; use --num-shards 3, or another folder"),
     # a value of the wrong type is refused, never kept as a (truthy) string
     Row("train bool not a word", lambda e: train_args(e, "--set", "remat=maybe"), r"remat expects a bool, got 'maybe'"),
     Row("train int not a number", lambda e: train_args(e, "--set", "steps=abc"), r"steps expects an int, got 'abc'"),
@@ -389,6 +429,13 @@ CLI_ROWS = [
         r"tokens/ in response store .* fewer than the \d+ committed"),
     Row("train store array wrong dtype", lambda e: train_args(e, store=corrupt_store(e, _int64_tokens)),
         r"array tokens/ in response store .* is int64 \[0\], expected int32 \[T\]"),
+    Row("train sharded store with a shard missing", lambda e: train_args(e, store=sharded_store(e, shards=1, of=2)),
+        r"sharded: 1 of its 2 shards are missing \(first shard-00001-of-00002\); run `carryover prepare --shard 1 "
+        r"--num-shards 2` with the same settings"),
+    Row("train sharded store with a shard unfinished", lambda e: train_args(
+        e, store=sharded_store(e, shards=2, of=2, complete=False)),
+        r"shard shard-00001-of-00002 is incomplete \(its prepare has not finished\); run `carryover prepare --shard 1 "
+        r"--num-shards 2` again"),
     Row("train checkpoints folder is a file", lambda e: train_args(e, out=str(_file_in(e.tmp / "run", "checkpoints"))),
         r"checkpoint folder .*run/checkpoints is a file"),
     Row("train out_dir unwritable", lambda e: train_args(e, out=str(Path(write(e, "file", "x")) / "run")),

@@ -18,6 +18,7 @@ import numpy as np
 from carryover_jax.budget import Rates
 from carryover_jax.config import TrainConfig
 from carryover_jax.decode.generate import generate, speculative_generate
+from carryover_jax.train.gen_memory import generation_batch
 from carryover_jax.train.loop import build_drafter
 from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
 
@@ -61,10 +62,11 @@ def probe_rates(cfg: TrainConfig, target, *, eval_passes: float, gen_new_tokens:
     d = cfg.data
     vocab = target.cfg.vocab_size
     plen = max(1, d.max_prompt_tokens // 2)
-    prompts = rng.integers(10, vocab, (d.gen_batch_size, plen)).tolist()
+    rows, _ = generation_batch(d, target.cfg)  # the batch prepare replays
+    prompts = rng.integers(10, vocab, (rows, plen)).tolist()
     first_gen, gen_s = _twice(lambda: [r.token_ids for r in generate(
         target, prompts, max_new_tokens=gen_new_tokens, stop_token_ids=[], chat=False)])
-    gen_tps = d.gen_batch_size * gen_new_tokens / gen_s
+    gen_tps = rows * gen_new_tokens / gen_s
 
     dcfg, params = build_drafter(cfg, target)
     steps, train_compile = _step_times(cfg, target, dcfg, params, rng, train_steps)

@@ -40,12 +40,16 @@ class DataConfig:
     # prepare's numerics where set (generation and the feature pass), else the run's (TrainConfig.numerics);
     # not part of a store's content
     numerics: Numerics = Numerics()
+    # GB (1e9 bytes) of device memory for one generation batch's KV cache and activations: prepare replays
+    # the largest batch that fits (train/gen_memory.py). None: gen_batch_size, lowered on a device that
+    # reports its memory to what fits there. Groups the work only (not part of a store's content)
+    gen_memory_gb: float | None = None
 
     def __post_init__(self):
         B.check_fields(self, dict(
             heldout_per_mille=B.count(0, 1000), max_prompts=B.count(optional=True), max_turns=B.size(),
             max_prompt_tokens=B.size(), max_new_tokens=B.size(), temperature=B.real(), top_k=B.count(0),
-            gen_batch_size=B.size(), seed=B.SEED,
+            gen_batch_size=B.size(), seed=B.SEED, gen_memory_gb=B.positive(optional=True),
             max_len=B.size(2),  # an anchor and its first label
             min_loss_tokens=B.size(2),  # fewer supervised tokens hold no anchor
         ), "data.")

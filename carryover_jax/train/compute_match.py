@@ -42,7 +42,7 @@ from carryover_jax.train.pipeline import make_train_iter
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
 from carryover_jax.train.step import (compile_step, drafter_shardings, init_state, make_optimizer, state_shardings,
                                       step_config, target_shardings)
-from carryover_jax.train.store import ResponseStore
+from carryover_jax.train.store import open_store
 
 RULE = ("steps = round(DVD steps × t_dvd / t_control) (at least DVD's steps); t = median step time of each, "
         "measured alternately on the same batches on this machine, DVD without its carried-withheld diagnostic")
@@ -78,7 +78,7 @@ def probe_step_times(dvd: TrainConfig, control: TrainConfig, *, steps: int = 6,
         raise TrainingError(f"probe_step_times compares a loss.mode=dvd and a loss.mode=control config, got "
                             f"{dvd.loss.mode} and {control.loss.mode}")
     dvd = dvd.with_loss(off_metrics=False)
-    store = ResponseStore.open(dvd.data.store)
+    store = open_store(dvd.data.store)
     numerics = dvd.run_numerics()  # as `train` runs them
     target = load_target(dvd.target, numerics=numerics,
                          tokenizer=dvd.init_from is None and dvd.drafter.mask_token_id is None)
@@ -121,7 +121,7 @@ def dvd_total_steps(dvd: TrainConfig) -> int:
     """DVD's step count (its `epochs` resolved against its store, as `train` does)."""
     from carryover_jax.train.loop import total_steps
 
-    return dvd.steps if dvd.epochs is None else total_steps(dvd, len(ResponseStore.open(dvd.data.store)))
+    return dvd.steps if dvd.epochs is None else total_steps(dvd, len(open_store(dvd.data.store)))
 
 
 def resolve_compute_control(control: TrainConfig, dvd: TrainConfig, out_dir: str | Path, *,

@@ -30,7 +30,7 @@ from carryover_jax.train.step import (
     compile_step, drafter_shardings, init_state, lr_schedule, make_optimizer, state_shardings, step_config,
     target_shardings,
 )
-from carryover_jax.train.store import ResponseStore
+from carryover_jax.train.store import open_store
 from carryover_jax.train.vocab import draft_vocabulary, token_counts
 from carryover_jax.weights.drafter_formats import drafter_config_to_dict, save_drafter
 
@@ -47,7 +47,7 @@ def build_drafter(cfg: TrainConfig, target, store=None):
     default = None if cfg.drafter.mask_token_id is not None else default_mask_token_id(target)
     vocab = ()
     if cfg.drafter.draft_vocab_size:
-        counts = token_counts(store if store is not None else ResponseStore.open(cfg.data.store), target.cfg.vocab_size)
+        counts = token_counts(store if store is not None else open_store(cfg.data.store), target.cfg.vocab_size)
         vocab, coverage = draft_vocabulary(counts, cfg.drafter.draft_vocab_size, tuple(target.stop_token_ids))
         if is_main():
             print(f"train: draft vocabulary of {len(vocab)} tokens covers {coverage:.1%} of the supervised "
@@ -100,7 +100,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
     before its step (the data-order tests of the controls)."""
     maybe_initialize()
     out = prepare_out_dir(cfg.out_dir)  # a read-only/unusable out_dir fails here, before any work
-    store = ResponseStore.open(cfg.data.store)
+    store = open_store(cfg.data.store)  # one store, or all shards of a sharded one
     if len(store) == 0:
         raise CarryoverError(f"response store {cfg.data.store} has no records: run `carryover prepare` first")
     numerics = cfg.run_numerics()  # this platform's defaults under the config's choices

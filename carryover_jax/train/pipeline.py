@@ -1,4 +1,4 @@
-"""grain input pipeline over a `ResponseStore`: fixed-length examples, shuffled per epoch, host-sharded,
+"""grain input pipeline over a response store: fixed-length examples, shuffled per epoch, host-sharded,
 batched, with a checkpointable iterator state.
 
 Every step of the pipeline is index based (source -> shuffle -> slice -> repeat), so the iterator
@@ -15,11 +15,12 @@ import numpy as np
 
 from carryover_jax.config import DataConfig
 from carryover_jax.errors import CarryoverError
-from carryover_jax.train.store import BF16, ResponseStore
+from carryover_jax.train.store import BF16, ResponseStore, StoreView
 
 
 class StoreSource:
-    """A grain `RandomAccessDataSource` over the committed records of a store that have at least
+    """A grain `RandomAccessDataSource` over the committed records of a store (a `StoreView`: every
+    shard, in plan order; or one `ResponseStore`, in stored order) that have at least
     `min_loss_tokens` masked tokens within their first `max_len` tokens.
 
     Records that truncation leaves with too few loss tokens are removed here, from the loss masks
@@ -27,8 +28,8 @@ class StoreSource:
     host sees the same record count (a per-host filter could give hosts different numbers of batches).
     """
 
-    def __init__(self, store: ResponseStore, *, max_len: int, min_loss_tokens: int, with_features: bool = False,
-                 multiple_of: int = 1):
+    def __init__(self, store: StoreView | ResponseStore, *, max_len: int, min_loss_tokens: int,
+                 with_features: bool = False, multiple_of: int = 1):
         if with_features and store.feature_dim is None:
             raise CarryoverError(
                 f"{store.path}: this response store has no target features (prepare it with store_features)"
@@ -87,7 +88,7 @@ class HostBlocks(grain.MapDataset):
 
 def make_train_iter(
     cfg: DataConfig,
-    store: ResponseStore,
+    store: StoreView | ResponseStore,
     *,
     batch_size: int,
     seed: int,

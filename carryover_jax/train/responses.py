@@ -8,6 +8,15 @@ sequence, built incrementally: the first prompt is `Target.encode(system + user 
 reply is appended verbatim (loss mask 1, stop token included); the chat-template text between a reply
 and the next generation prompt is rendered, tokenized separately (no special tokens) and appended with
 loss mask 0. A greedy record is therefore exactly the target's greedy continuation of its prefix.
+
+Pod scale: the generation batch is sized from a memory budget (`train/gen_memory.py`), and `prepare`
+may run as N independent processes (one per host or per device, no collective): shard s takes the
+planned conversations whose plan index is s mod N and writes its own store,
+`<store>/shard-0000s-of-0000N/`. Every record keeps its plan index, so training reads the shards as one
+store in plan order (`store.open_store`) and, with greedy replies (which do not depend on how
+conversations are batched), gets exactly the batches of a 1-process store of the same prompts.
+Sampled replies (temperature > 0) draw per generation batch, so they depend on the batching (the
+shard count, the generation batch), as they always did.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import dataclasses
 import functools
 import hashlib
 import itertools
+import sys
 from typing import Any, Iterator
 
 import jax
@@ -26,15 +36,16 @@ from carryover_jax.config import DataConfig, TargetConfig
 from carryover_jax.decode.generate import generate, pad_batch
 from carryover_jax.errors import CarryoverError, ConfigError
 from carryover_jax.models.target import TargetLM
+from carryover_jax.train.gen_memory import FEATURE_BUCKET, generation_batch
 from carryover_jax.train.sources import Conversation, conversations
-from carryover_jax.train.store import ResponseStore
+from carryover_jax.train.store import ResponseStore, shard_path
 
 # Stands in for a reply while rendering the template text that follows it. Not a special token and
 # free of whitespace, so templates copy it verbatim (one that rewrites assistant content is refused).
 SENTINEL = "CARRYOVERxREPLYx7f3a9c"
 SORT_WINDOW = 8  # batches whose conversations are sorted by prompt length together
 # DataConfig fields that change what a store contains; a store reopened with other values is refused.
-# (max_prompts may grow between runs to extend a store; gen_batch_size only groups the work.)
+# (max_prompts may grow between runs to extend a store; gen_batch_size / gen_memory_gb only group the work.)
 CONTENT_FIELDS = ("source", "split", "heldout_per_mille", "responses", "max_turns", "max_prompt_tokens",
                   "max_new_tokens", "temperature", "top_p", "top_k", "seed", "store_features", "feature_layer_ids",
                   "min_loss_tokens")
@@ -86,29 +97,38 @@ def _check(cfg: DataConfig, target) -> None:
 
 
 # ---- the plan: which conversations, in which batches -------------------------------------------------
-def _planned(cfg: DataConfig, target) -> Iterator[tuple[Conversation, list[int]]]:
-    """Conversations of the split whose first prompt fits, each with that prompt's ids; the first
-    `max_prompts` of them. Deterministic, so a resumed run sees the same batches."""
-    n = 0
-    for conv in conversations(cfg):
-        if cfg.max_prompts is not None and n >= cfg.max_prompts:
-            return
-        head = conv.messages[: 2 if conv.system else 1]
-        ids = target.encode(head)
-        if len(ids) > cfg.max_prompt_tokens:
-            continue
-        n += 1
-        yield conv, ids
+class Plan:
+    """The conversations of the split whose first prompt fits, numbered in source order (the plan
+    index), the first `max_prompts` of them: (index, conversation, first prompt ids). Shard `shard`
+    of `num_shards` gets the indices congruent to it, so shards are disjoint and together the
+    1-process plan (every shard still reads and encodes the whole source to number it). Deterministic,
+    so a resumed run sees the same batches; `size` is the whole plan's length once iterated."""
+
+    def __init__(self, cfg: DataConfig, target, shard: int = 0, num_shards: int = 1):
+        self.cfg, self.target, self.shard, self.num_shards = cfg, target, shard, num_shards
+        self.size: int | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, Conversation, list[int]]]:
+        cfg, n = self.cfg, 0
+        for conv in conversations(cfg):
+            if cfg.max_prompts is not None and n >= cfg.max_prompts:
+                break
+            ids = self.target.encode(conv.messages[: 2 if conv.system else 1])
+            if len(ids) > cfg.max_prompt_tokens:
+                continue
+            if n % self.num_shards == self.shard:
+                yield n, conv, ids
+            n += 1
+        self.size = n
 
 
-def _batches(items: Iterator[tuple[Conversation, list[int]]], size: int,
-             window: int = SORT_WINDOW) -> Iterator[list]:
-    """Batches of `size`; within each run of `window` batches the conversations are sorted by prompt
-    length, so a batch's rows pad to similar lengths (the prefill and the feature pass pad every row to
-    the batch's longest). Deterministic, so a resumed run sees the same batches."""
+def _batches(items, size: int, window: int = SORT_WINDOW) -> Iterator[list]:
+    """Batches of `size` plan items; within each run of `window` batches the conversations are sorted
+    by prompt length, so a batch's rows pad to similar lengths (the prefill and the feature pass pad
+    every row to the batch's longest). Deterministic, so a resumed run sees the same batches."""
     items = iter(items)
     while chunk := list(itertools.islice(items, size * window)):
-        chunk.sort(key=lambda item: len(item[1]))
+        chunk.sort(key=lambda item: len(item[2]))
         for i in range(0, len(chunk), size):
             yield chunk[i: i + size]
 
@@ -241,8 +261,6 @@ def _trailing_zeros(mask: list[int]) -> int:
 
 
 # ---- target features ---------------------------------------------------------------------------------
-FEATURE_BUCKET = 64
-
 @functools.partial(jax.jit, static_argnames=("cfg", "layer_ids"))
 def _features(params, tokens, *, cfg: TargetConfig, layer_ids: tuple[int, ...]):
     """`TargetLM.features` (the one the training step runs online), concatenated and stored as bfloat16."""
@@ -268,36 +286,49 @@ def target_features(target, sequences: list[list[int]], layer_ids: tuple[int, ..
 
 
 # ---- the driver --------------------------------------------------------------------------------------
-def prepare_responses(cfg: DataConfig, target, *, progress: bool = True,
-                      stop_after_batches: int | None = None) -> ResponseStore:
-    """Fill (or resume) the response store `cfg.store` with target-regenerated conversations.
+def prepare_responses(cfg: DataConfig, target, *, progress: bool = True, stop_after_batches: int | None = None,
+                      shard: int = 0, num_shards: int = 1) -> ResponseStore:
+    """Fill (or resume) the response store `cfg.store` — with `num_shards` > 1, its shard `shard`,
+    `<store>/shard-IIIII-of-NNNNN/` — with target-regenerated conversations.
 
-    Batches of `gen_batch_size` planned conversations are replayed together and committed one by
-    one; conversations already committed (as records or as dropped) are skipped, so an interrupted
-    run resumed with the same settings ends with exactly the store of an uninterrupted one.
-    `stop_after_batches` stops after that many newly processed batches (tests of resumption)."""
+    Batches of planned conversations (`gen_memory.generation_batch`: gen_batch_size or what fits the
+    memory budget) are replayed together and committed one by one; conversations already committed
+    (as records or as dropped) are skipped, so an interrupted run resumed with the same settings ends
+    with exactly the store of an uninterrupted one, which is then marked complete. `stop_after_batches`
+    stops after that many newly processed batches (tests of resumption)."""
     from tqdm.auto import tqdm
 
     _check(cfg, target)
+    folder = shard_path(cfg.store, shard, num_shards)  # a wrong layout is refused before any work
+    planned = None if cfg.max_prompts is None else len(range(shard, cfg.max_prompts, num_shards))
+    size, why = generation_batch(cfg, target.cfg, max_rows=planned)
+    print(f"prepare: generation batch {size} ({why})", file=sys.stderr)
     d = target.cfg.hidden_size
     feats = cfg.store_features
+    meta = store_meta(cfg, target)
+    if num_shards > 1:
+        meta["shard"] = {"index": shard, "count": num_shards}
     store = ResponseStore.create_or_open(
-        cfg.store, feature_dim=len(cfg.feature_layer_ids) * d if feats else None, hidden=d if feats else None,
-        meta=store_meta(cfg, target),
-        meta_defaults={"target_config": target_config_defaults(), "data": {"responses": "regenerate"}},
+        folder, feature_dim=len(cfg.feature_layer_ids) * d if feats else None, hidden=d if feats else None,
+        meta=meta, meta_defaults={"target_config": target_config_defaults(), "data": {"responses": "regenerate"}},
+        indexed=True,
     )
     done = store.done_ids()
-    processed = 0
-    bar = tqdm(total=cfg.max_prompts, unit="conv", desc="responses", disable=not progress)
+    processed, finished = 0, True
+    plan = Plan(cfg, target, shard, num_shards)
+    bar = tqdm(total=planned, unit="conv", desc="responses", disable=not progress)
     try:
-        for index, batch in enumerate(_batches(_planned(cfg, target), cfg.gen_batch_size)):
-            todo = [item for item in batch if item[0].id not in done]
+        for index, batch in enumerate(_batches(plan, size)):
+            todo = [(conv, ids) for _, conv, ids in batch if conv.id not in done]
             if todo:
                 build = _source_batch if cfg.responses == "source" else _replay_batch
                 records, skipped = build(cfg, target, todo, index)
+                plan_index = {conv.id: i for i, conv, _ in batch}
+                for r in records:
+                    r["index"] = plan_index[r["id"]]
                 if feats:
                     pairs = target_features(target, [r["input_ids"] for r in records], cfg.feature_layer_ids,
-                                            batch_rows=cfg.gen_batch_size)
+                                            batch_rows=size)
                     for r, (f, h) in zip(records, pairs):
                         r["features"], r["last_hidden"] = f, h
                 store.append(records, skipped=skipped)
@@ -306,7 +337,11 @@ def prepare_responses(cfg: DataConfig, target, *, progress: bool = True,
             bar.update(len(batch))
             bar.set_postfix(records=len(store), tokens=store.num_tokens)
             if stop_after_batches is not None and processed >= stop_after_batches:
+                finished = False
                 break
     finally:
         bar.close()
+    if finished:
+        store.mark_complete({"plan_size": plan.size, "max_prompts": cfg.max_prompts,
+                             "shard": {"index": shard, "count": num_shards}})
     return store

@@ -8,10 +8,17 @@ Layout of a store folder (levanter's jagged-array pattern: flat data + offsets):
     tokens/            zarr3 int32  [T]        all records' input ids, back to back
     loss_mask/         zarr3 uint8  [T]
     offsets/           zarr3 int64  [n + 1]    record i is [offsets[i], offsets[i + 1])
+    plan_index/        zarr3 int64  [n]        optional (stores `prepare` writes): each record's position in
+                                               prepare's global prompt plan, the order training reads
     features/          zarr3 bf16   [T, F]     optional: target features of the chosen layers
     last_hidden/       zarr3 bf16   [T, d]     optional: final-normed last hidden state
     ids.jsonl          one JSON string per record: its source conversation id
     skipped.jsonl      ids processed but dropped (too few loss tokens), so a resumed run skips them too
+    complete.json      written when a prepare pass has finished (removed by the next append): what it planned
+
+A sharded store (`prepare --num-shards N`, one writer per shard) is a folder of such stores,
+`shard-00000-of-0000N/` ... `shard-0000{N-1}-of-0000N/`; `open_store` reads a single store or all shards
+as one, in plan order, so training sees the same records in the same order for any shard count.
 
 Commit protocol: `append` writes the array slices past the committed end (resizing the arrays) and
 appends to the two id files; `commit` then replaces commit.json atomically (os.replace), strictly
@@ -21,14 +28,18 @@ to the committed bytes and overwrites anything in the arrays past the commit. On
 
 zarr3 (not zarr v2): it is tensorstore's current format, stores bfloat16 natively and resizes by
 rewriting one small zarr.json.
+
+Whole-store scans (loss counts, token counts) read the per-token arrays `READ_CHUNK` tokens at a time
+in their stored dtypes: host memory is bounded by the chunk plus per-record arrays, never [T] int64.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -41,6 +52,8 @@ FORMAT = "carryover-response-store"
 VERSION = 1
 TOKEN_CHUNK = 1 << 16  # elements per chunk of the 1-D arrays (256 KiB of int32)
 FEATURE_CHUNK_BYTES = 4 << 20  # ~4 MiB chunks for the per-token feature rows
+READ_CHUNK = 1 << 24  # tokens per read of a whole-store scan: 16 MiB of masks, 64 MiB of token ids
+SHARD_GLOB = "shard-*-of-*"
 BF16 = ml_dtypes.bfloat16
 
 # name -> (zarr3 dtype, numpy dtype, compress): token arrays compress well, bf16 activations do not.
@@ -105,9 +118,12 @@ class ResponseStore:
         self.hidden: int | None = self.info.get("hidden")
         self.writable = writable
         names = ["tokens", "loss_mask", "offsets"] + [n for n, k in _ROWS.items() if self.info.get(k)]
+        if (self.path / "plan_index").is_dir():
+            names.append("plan_index")
         self._arrays = {n: self._open_array(n) for n in names}
         for n, arr in self._arrays.items():
-            want_dtype = {"tokens": "int32", "loss_mask": "uint8", "offsets": "int64"}.get(n, "bfloat16")
+            want_dtype = {"tokens": "int32", "loss_mask": "uint8", "offsets": "int64",
+                          "plan_index": "int64"}.get(n, "bfloat16")
             want_rank = 2 if n in _ROWS else 1
             if str(arr.dtype.numpy_dtype) != want_dtype or arr.rank != want_rank or (
                     n in _ROWS and arr.shape[1] != self.info[_ROWS[n]]):
@@ -136,11 +152,13 @@ class ResponseStore:
         hidden: int | None = None,
         meta: Mapping[str, Any] | None = None,
         meta_defaults: Mapping[str, Any] | None = None,
+        indexed: bool = False,
     ) -> "ResponseStore":
         """Create a store, or reopen one for appending after checking that it was made with the same
         `feature_dim`, `hidden` and `meta` (one `CarryoverError` listing every difference). A flattened
         meta key missing on one side reads as its `meta_defaults` value, so a store written before a
-        config field existed still opens when the field has its default."""
+        config field existed still opens when the field has its default. A store created `indexed`
+        records each record's plan index (an existing store keeps the layout it was created with)."""
         path = Path(path)
         want = {"format": FORMAT, "version": VERSION, "feature_dim": feature_dim, "hidden": hidden,
                 "meta": _jsonable(dict(meta or {}))}
@@ -148,7 +166,7 @@ class ResponseStore:
             if path.exists() and any(path.iterdir()):
                 raise CarryoverError(f"{path}: exists and is not a response store; choose an empty or new folder")
             # Built in a temporary sibling and renamed: a crash mid-creation leaves no half store.
-            atomic_dir(path, lambda tmp: cls._init_folder(tmp, want))
+            atomic_dir(path, lambda tmp: cls._init_folder(tmp, want, indexed))
             return cls(path, writable=True)
         store = cls(path, writable=False)
         diffs = []
@@ -169,10 +187,12 @@ class ResponseStore:
         return cls(path, writable=True)
 
     @staticmethod
-    def _init_folder(folder: Path, info: dict) -> None:
+    def _init_folder(folder: Path, info: dict, indexed: bool) -> None:
         for name, (dtype, _, compress) in _FLAT.items():
             _create_array(folder, name, dtype, (), TOKEN_CHUNK, compress)
         _create_array(folder, "offsets", "int64", (), TOKEN_CHUNK, True)
+        if indexed:
+            _create_array(folder, "plan_index", "int64", (), TOKEN_CHUNK, True)
         for name, key in _ROWS.items():
             if info[key]:
                 _create_array(folder, name, "bfloat16", (info[key],), _row_chunk(info[key]), False)
@@ -212,13 +232,24 @@ class ResponseStore:
                                 f"tokens, fewer than the {c['tokens']} committed in {commit_file}")
         if self._arrays["offsets"].shape[0] < n + 1:
             raise DataError(f"array offsets/ in response store {self.path} is shorter than the {n} committed records")
+        if "plan_index" in self._arrays and self._arrays["plan_index"].shape[0] < n:
+            raise DataError(f"array plan_index/ in response store {self.path} is shorter than the {n} committed "
+                            "records")
         self._offsets = self._read("offsets", 0, n + 1).astype(np.int64)
         if self._offsets[0] != 0 or self._offsets[n] != c["tokens"] or np.any(np.diff(self._offsets) < 1):
             raise DataError(f"inconsistent offsets in response store {self.path} (commit {commit_file})")
-        self._ids = self._read_lines("ids.jsonl", self._commit["ids_bytes"])
-        if len(self._ids) != n:
-            raise DataError(f"ids.jsonl in response store {self.path} lists {len(self._ids)} committed ids for "
-                            f"{n} records")
+        for name, key in (("ids.jsonl", "ids_bytes"), ("skipped.jsonl", "skipped_bytes")):
+            self._check_size(name, c[key])
+        self._ids: list[str] | None = None  # read when asked for: training never needs them
+
+    def _check_size(self, name: str, nbytes: int) -> None:
+        path = self.path / name
+        try:
+            size = path.stat().st_size
+        except OSError as e:
+            raise DataError(f"cannot read {path} ({e.strerror or e})") from None
+        if size < nbytes:
+            raise DataError(f"truncated file {path} ({size} bytes, {nbytes} committed)")
 
     def _read_lines(self, name: str, nbytes: int) -> list[str]:
         path = self.path / name
@@ -248,27 +279,71 @@ class ResponseStore:
 
     def ids(self) -> list[str]:
         """Source ids of the committed records, in record order."""
+        if self._ids is None:
+            ids = self._read_lines("ids.jsonl", self._commit["ids_bytes"])
+            if len(ids) != len(self):
+                raise DataError(f"ids.jsonl in response store {self.path} lists {len(ids)} committed ids for "
+                                f"{len(self)} records")
+            self._ids = ids
         return list(self._ids)
 
     def done_ids(self) -> set[str]:
         """Ids a resumed run must not redo: committed records and committed skips."""
-        return set(self._ids) | set(self._read_lines("skipped.jsonl", self._commit["skipped_bytes"]))
+        return set(self.ids()) | set(self._read_lines("skipped.jsonl", self._commit["skipped_bytes"]))
+
+    @property
+    def indexed(self) -> bool:
+        """Whether the records carry their plan index (stores `prepare` creates do)."""
+        return "plan_index" in self._arrays
+
+    def plan_indices(self) -> np.ndarray:
+        """[n] int64: each committed record's position in prepare's global prompt plan (indexed stores)."""
+        if not self.indexed:
+            raise DataError(f"{self.path}: this response store records no plan index")
+        return self._read("plan_index", 0, len(self)) if len(self) else np.zeros(0, np.int64)
+
+    def _record_groups(self):
+        """Consecutive record ranges [r0, r1) spanning at most READ_CHUNK tokens, or one longer record."""
+        n, r0 = len(self), 0
+        while r0 < n:
+            last = int(np.searchsorted(self._offsets, self._offsets[r0] + READ_CHUNK, side="right")) - 1
+            r1 = min(max(last, r0 + 1), n)
+            yield r0, r1
+            r0 = r1
 
     def loss_counts(self, max_len: int | None = None) -> np.ndarray:
-        """Masked tokens per record within its first `max_len` tokens (all when None)."""
-        n, T = len(self), self.num_tokens
-        mask = self._read("loss_mask", 0, T).astype(np.int64) if T else np.zeros(0, np.int64)
-        cs = np.concatenate([[0], np.cumsum(mask)])
-        start = self._offsets[:n]
-        end = self._offsets[1 : n + 1] if max_len is None else np.minimum(self._offsets[1 : n + 1], start + max_len)
-        return cs[end] - cs[start]
+        """[n] int32: masked tokens per record within its first `max_len` tokens (all when None)."""
+        out = np.zeros(len(self), np.int32)
+        for r0, r1 in self._record_groups():
+            start = self._offsets[r0:r1]
+            end = self._offsets[r0 + 1 : r1 + 1]
+            if max_len is not None:
+                end = np.minimum(end, start + max_len)
+            a, b = int(start[0]), int(end[-1])
+            if b - a <= READ_CHUNK:
+                cs = np.concatenate([[0], np.cumsum(self._read("loss_mask", a, b), dtype=np.int32)])
+                out[r0:r1] = cs[end - a] - cs[start - a]
+            else:  # a single record longer than one read
+                out[r0] = sum(int(np.count_nonzero(self._read("loss_mask", x, min(x + READ_CHUNK, b))))
+                              for x in range(a, b, READ_CHUNK))
+        return out
 
-    def tokens(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every committed token and its loss mask, records concatenated ([T] each)."""
-        T = self.num_tokens
-        if not T:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return self._read("tokens", 0, T).astype(np.int64), self._read("loss_mask", 0, T).astype(np.int64)
+    def token_chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every committed token (int32) with its loss mask (uint8), READ_CHUNK tokens at a time."""
+        for a in range(0, self.num_tokens, READ_CHUNK):
+            b = min(a + READ_CHUNK, self.num_tokens)
+            yield self._read("tokens", a, b), self._read("loss_mask", a, b)
+
+    def completion(self) -> dict[str, Any] | None:
+        """What the last finished prepare pass planned (complete.json); None while none has finished
+        since the last append."""
+        path = self.path / "complete.json"
+        if not path.is_file():
+            return None
+        info = read_json(path, "response store completion", error=DataError)
+        if info.get("records") != len(self):
+            raise DataError(f"{path} marks {info.get('records')!r} records complete, the store commits {len(self)}")
+        return info
 
     def get(self, i: int, *, max_len: int | None = None, features: bool = True) -> dict[str, np.ndarray]:
         """Record `i` (its first `max_len` tokens), with the feature arrays when stored and `features`."""
@@ -295,15 +370,22 @@ class ResponseStore:
     # ---- writing -----------------------------------------------------------------------------------
     def append(self, records: Iterable[Mapping[str, Any]], *, skipped: Iterable[str] = ()) -> None:
         """Write records past the pending end (invisible until `commit`). Each record: "id",
-        "input_ids" [S], "loss_mask" [S], and "features" [S, F] / "last_hidden" [S, d] when the store
-        has them. `skipped` ids are remembered as done without a record."""
+        "input_ids" [S], "loss_mask" [S], "features" [S, F] / "last_hidden" [S, d] when the store
+        has them, and "index" (its plan index) when the store is indexed. `skipped` ids are remembered
+        as done without a record."""
         if not self.writable:
             raise CarryoverError(f"{self.path}: opened read-only; use ResponseStore.create_or_open to append")
         records = list(records)
         rows = {n: [] for n in ["tokens", "loss_mask", *(n for n in _ROWS if n in self._arrays)]}
-        ids, lengths = [], []
+        ids, lengths, plan = [], [], []
         for r in records:
             ids.append(str(r["id"]))
+            if self.indexed:
+                index = r.get("index")
+                if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
+                    raise CarryoverError(f"record {ids[-1]!r}: this store records plan indices; \"index\" must be "
+                                         f"an integer >= 0, got {index!r}")
+                plan.append(int(index))
             tokens = np.asarray(r["input_ids"], np.int32).reshape(-1)
             mask = np.asarray(r["loss_mask"], np.uint8).reshape(-1)
             if len(tokens) == 0 or mask.shape != tokens.shape:
@@ -323,6 +405,8 @@ class ResponseStore:
                         f"record {ids[-1]!r}: {name} must have shape {(len(tokens), width)}, got {np.shape(x)}"
                     )
                 rows[name].append(np.asarray(x).astype(BF16))
+        # the store changes: the last finished pass no longer describes it
+        (self.path / "complete.json").unlink(missing_ok=True)
         n0, t0 = self._pending["records"], self._pending["tokens"]
         t1 = t0 + sum(lengths)
         if records:
@@ -335,6 +419,10 @@ class ResponseStore:
             arr[n0 + 1 : n0 + 1 + len(records)].write(offsets).result()
             self._arrays["offsets"] = arr
             self._offsets = np.concatenate([self._offsets[: n0 + 1], offsets])
+            if self.indexed:
+                arr = self._arrays["plan_index"].resize(exclusive_max=[n0 + len(records)]).result()
+                arr[n0 : n0 + len(records)].write(np.asarray(plan, np.int64)).result()
+                self._arrays["plan_index"] = arr
         self._pending["ids_bytes"] += self._append_lines("ids.jsonl", ids)
         self._pending["skipped_bytes"] += self._append_lines("skipped.jsonl", [str(s) for s in skipped])
         self._pending.update(records=n0 + len(records), tokens=t1)
@@ -354,5 +442,164 @@ class ResponseStore:
             raise CarryoverError(f"{self.path}: opened read-only")
         atomic_write_json(self.path / "commit.json", self._pending)
         self._commit = dict(self._pending)
-        self._ids += self._pending_ids
+        if self._ids is not None:
+            self._ids += self._pending_ids
         self._pending_ids = []
+
+    def mark_complete(self, info: Mapping[str, Any]) -> None:
+        """Record that a prepare pass has finished (`info`: what it planned), after its last commit."""
+        if not self.writable:
+            raise CarryoverError(f"{self.path}: opened read-only")
+        atomic_write_json(self.path / "complete.json", {"records": len(self), **_jsonable(dict(info))})
+
+
+# ---- sharded stores ----------------------------------------------------------------------------------
+def shard_name(index: int, count: int) -> str:
+    return f"shard-{index:05d}-of-{count:05d}"
+
+
+def _shard_folders(root: Path) -> dict[tuple[int, int], Path]:
+    """(index, count) -> folder, for every shard folder in `root` (a writer's hidden temporaries excluded)."""
+    out = {}
+    for p in root.glob(SHARD_GLOB):
+        m = re.fullmatch(r"shard-(\d{5})-of-(\d{5})", p.name)
+        if m and p.is_dir():
+            out[(int(m[1]), int(m[2]))] = p
+    return out
+
+
+def shard_path(root: str | os.PathLike, index: int, count: int) -> Path:
+    """The folder `prepare` writes shard `index` of `count` into: `root` itself for one shard (a plain
+    store, the layout from before shards), else `root/shard-IIIII-of-NNNNN`. Refuses a root holding
+    the other layout, shards of another count, or anything else, before any work."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1 or \
+            isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+        raise CarryoverError(f"shard index {index!r} is outside [0, {count!r}) ({count!r} shards)")
+    root = Path(root)
+    shards = _shard_folders(root) if root.is_dir() else {}
+    counts = sorted({n for _, n in shards})
+    if count == 1:
+        if shards:
+            raise CarryoverError(f"{root}: holds a response store prepared in {counts[0]} shards; prepare it with "
+                                 f"--num-shards {counts[0]}, or use another folder")
+        return root
+    if (root / "meta.json").is_file():
+        raise CarryoverError(f"{root}: holds a 1-process response store; prepare {count} shards into another folder")
+    if counts and counts != [count]:
+        raise CarryoverError(f"{root}: holds the shards of a {counts[0]}-way preparation, not {count}; use "
+                             f"--num-shards {counts[0]}, or another folder")
+    if root.is_dir():
+        other = sorted(p.name for p in root.iterdir() if not p.name.startswith(".") and p not in shards.values())
+        if other:
+            raise CarryoverError(f"{root}: exists and is not a sharded response store (it holds {other[0]}); "
+                                 "choose an empty or new folder")
+    return root / shard_name(index, count)
+
+
+def open_store(path: str | os.PathLike) -> "StoreView":
+    """A store folder for training: a single store, or every shard of a sharded one as one store."""
+    return StoreView(path)
+
+
+class StoreView:
+    """Read-only records of a store folder, as training reads them: one `ResponseStore`, or all shards
+    of a sharded store (every one present and finished, from the same settings and prompt plan) as
+    one. Records come in plan order where they carry their plan index (stores `prepare` writes), so a
+    sharded store and a 1-process store of the same prompts give the same record sequence — and the
+    same grain batches; an older store without plan indices keeps its stored order."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        folders = _shard_folders(self.path) if self.path.is_dir() else {}
+        if not folders:
+            self.shards = [ResponseStore(self.path)]  # its own errors: no such store, no meta.json, ...
+        elif (self.path / "meta.json").is_file():
+            raise DataError(f"{self.path}: holds both a response store and shard folders; keep one of them")
+        else:
+            self.shards = _open_shards(self.path, folders)
+        first = self.shards[0]
+        self.feature_dim, self.hidden = first.feature_dim, first.hidden
+        self._starts = np.cumsum([0] + [len(s) for s in self.shards])
+        self._order = None
+        if all(s.indexed for s in self.shards):
+            keys = np.concatenate([s.plan_indices() for s in self.shards])
+            self._order = np.argsort(keys, kind="stable")
+            ranked = keys[self._order]
+            dup = np.flatnonzero(ranked[1:] == ranked[:-1])
+            if dup.size:
+                raise DataError(f"{self.path}: two records have plan index {int(ranked[dup[0]])} (shards of "
+                                "different preparations?); re-prepare the store")
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return {k: v for k, v in self.shards[0].meta.items() if k != "shard"}
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.shards)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def _locate(self, i: int) -> tuple[ResponseStore, int]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"record {i} out of range for a store of {len(self)}")
+        p = int(self._order[i]) if self._order is not None else i
+        s = int(np.searchsorted(self._starts, p, side="right")) - 1
+        return self.shards[s], p - int(self._starts[s])
+
+    def get(self, i: int, *, max_len: int | None = None, features: bool = True) -> dict[str, np.ndarray]:
+        store, j = self._locate(int(i))
+        return store.get(j, max_len=max_len, features=features)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return self.get(int(i))
+
+    def _ordered(self, per_shard: list[np.ndarray]) -> np.ndarray:
+        x = np.concatenate(per_shard)
+        return x if self._order is None else x[self._order]
+
+    def ids(self) -> list[str]:
+        ids = [i for s in self.shards for i in s.ids()]
+        return ids if self._order is None else [ids[p] for p in self._order]
+
+    def loss_counts(self, max_len: int | None = None) -> np.ndarray:
+        return self._ordered([s.loss_counts(max_len) for s in self.shards])
+
+    def token_chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for s in self.shards:
+            yield from s.token_chunks()
+
+
+def _open_shards(root: Path, folders: dict[tuple[int, int], Path]) -> list[ResponseStore]:
+    counts = sorted({n for _, n in folders})
+    if len(counts) > 1:
+        raise DataError(f"{root}: holds the shards of {' and '.join(map(str, counts))}-way preparations; keep one set")
+    n = counts[0]
+    missing = [i for i in range(n) if (i, n) not in folders]
+    if missing:
+        raise DataError(f"{root}: {len(missing)} of its {n} shards are missing (first {shard_name(missing[0], n)}); "
+                        f"run `carryover prepare --shard {missing[0]} --num-shards {n}` with the same settings")
+    stores, plans = [], []
+    for i in range(n):
+        st = ResponseStore(folders[(i, n)])
+        if st.meta.get("shard") != {"index": i, "count": n} or not st.indexed:
+            raise DataError(f"{st.path}: not shard {i} of {n} of a prepared store (meta.json shard "
+                            f"{st.meta.get('shard')!r}{'' if st.indexed else ', no plan_index/'})")
+        done = st.completion()
+        if done is None:
+            raise DataError(f"{root}: shard {shard_name(i, n)} is incomplete (its prepare has not finished); run "
+                            f"`carryover prepare --shard {i} --num-shards {n}` again with the same settings")
+        stores.append(st)
+        plans.append(done.get("plan_size"))
+    ref, ref_meta = stores[0], _flatten({k: v for k, v in stores[0].meta.items() if k != "shard"})
+    for st, plan in zip(stores[1:], plans[1:]):
+        meta = _flatten({k: v for k, v in st.meta.items() if k != "shard"})
+        diffs = [k for k in sorted(set(ref_meta) | set(meta)) if ref_meta.get(k) != meta.get(k)]
+        diffs += [k for k in ("feature_dim", "hidden") if getattr(st, k) != getattr(ref, k)]
+        if plan != plans[0]:  # the same prompt plan: same source file, split and prompt filter
+            diffs.append(f"plan_size ({plans[0]!r} vs {plan!r} prompts)")
+        if diffs:
+            raise DataError(f"{root}: shards {ref.path.name} and {st.path.name} were prepared with other settings "
+                            f"({', '.join(diffs[:4])}); re-prepare them alike")
+    return stores

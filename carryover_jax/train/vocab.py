@@ -15,9 +15,11 @@ from carryover_jax.errors import ConfigError
 
 
 def token_counts(store, vocab_size: int) -> np.ndarray:
-    """[V] how often each token is a supervised (loss-masked) token in the store."""
-    ids, mask = store.tokens()
-    return np.bincount(ids[mask.astype(bool)], minlength=vocab_size)[:vocab_size]
+    """[V] how often each token is a supervised (loss-masked) token in the store (read a chunk at a time)."""
+    counts = np.zeros(vocab_size, np.int64)
+    for ids, mask in store.token_chunks():
+        counts += np.bincount(ids[mask.astype(bool)], minlength=vocab_size)[:vocab_size]
+    return counts
 
 
 def draft_vocabulary(counts: np.ndarray, k: int, always: tuple[int, ...] = ()) -> tuple[tuple[int, ...], float]:
