@@ -18,7 +18,18 @@ def _accelerator_platform() -> str | None:
 # fixture). A JAX_PLATFORMS set by the caller is kept as given.
 ACCELERATOR = _accelerator_platform()
 os.environ.setdefault("JAX_PLATFORMS", "cpu" + (f",{ACCELERATOR}" if ACCELERATOR else ""))
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# The tiny models' tests are bound by XLA compile time, not run time (a cache hit runs a decode test in a third
+# of its time). On a CPU-only machine: LLVM's codegen at -O0 without its expensive passes (half the compile
+# time; XLA's HLO passes are unchanged), and one persistent compilation cache per
+# checkout, so a program another test module or worker already compiled is loaded, not rebuilt (the cache's
+# key holds the program, the compile options and the jax version).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8" + (
+    "" if ACCELERATOR else " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"))
+if not ACCELERATOR:
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), ".cache", "jax-tests"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import jax  # noqa: E402

@@ -37,7 +37,7 @@ def _gemma3_config():
                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
 
 
-@pytest.fixture(scope="module", params=["qwen3", "gemma3"])
+@pytest.fixture(scope="module", params=["qwen3", pytest.param("gemma3", marks=pytest.mark.heavy)])
 def bf16_ckpt(request, tmp_path_factory):
     """(folder, HF float32 model holding exactly the bf16 checkpoint's values)."""
     torch.manual_seed(0)

@@ -42,7 +42,8 @@ def test_bf16_target_loads_caches_and_follows_float32_greedy(tiny_llama):
     assert agree > 0.75, agree
 
 
-@pytest.mark.parametrize("kind,layout,carryover", [("dflash", "zlab", True), ("markov", "deepspec", True),
+@pytest.mark.parametrize("kind,layout,carryover", [("dflash", "zlab", True),
+                                                   pytest.param("markov", "deepspec", True, marks=pytest.mark.heavy),
                                                    ("dflash", "deepspec", False)])
 def test_bf16_greedy_speculative_equals_bf16_ar(tiny_llama, kind, layout, carryover):
     target = load_target(tiny_llama.path, tokenizer=False, dtype="bfloat16")

@@ -28,7 +28,7 @@ def _drafter(target, kind="dflash", layout="zlab", seed=0):
     return cfg, params
 
 
-@pytest.mark.parametrize("carry", ["draft_tokens", "target_tokens"])
+@pytest.mark.parametrize("carry", ["draft_tokens", pytest.param("target_tokens", marks=pytest.mark.heavy)])
 def test_verify_carries_the_interface_rows_for_every_count(tiny_qwen3, carry):
     target = load_target(tiny_qwen3.path, tokenizer=False)
     cfg, params = _drafter(target)

@@ -125,7 +125,8 @@ def test_carried_rows_are_the_rejected_verify_states():
     assert (acc == p).any() and (acc < p).any()
 
 
-@pytest.mark.parametrize("kind,layout", [("dflash", "zlab"), ("markov", "deepspec")])
+@pytest.mark.parametrize("kind,layout", [("dflash", "zlab"),
+                                         pytest.param("markov", "deepspec", marks=pytest.mark.heavy)])
 def test_draft1_is_the_decode_time_drafter_and_control_is_a_baseline_step_at_shifted_anchors(kind, layout):
     dc = _dc(kind, layout)
     sc = _sc(dc, mode="control")
@@ -325,6 +326,7 @@ def test_dvd_teaches_carryover_what_carried_rows_mean():
     assert taus["dvd"] > taus["control"] + 0.4, taus
 
 
+@pytest.mark.heavy  # two minutes on 2 idle cores: four short training runs (baseline resume: test_train_loop)
 def test_dvd_and_control_continue_a_baseline_and_resume_exactly(tiny_llama, tmp_path):
     import json
 
@@ -365,6 +367,7 @@ def test_dvd_and_control_continue_a_baseline_and_resume_exactly(tiny_llama, tmp_
         assert again[s]["loss"] == pytest.approx(dvd_m[s]["loss"], rel=1e-5, abs=1e-6), s
 
 
+@pytest.mark.heavy  # the baseline step's remat / chunk equality runs in the default tier (test_train_step)
 def test_dvd_step_with_remat_and_vocabulary_chunks_equals_the_plain_one():
     from carryover_jax.train.step import init_state, make_optimizer, train_step
 

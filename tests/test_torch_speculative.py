@@ -197,7 +197,7 @@ def test_every_round_equals_the_cache_free_reference(setup, variant, carry):
         ctx.append(verifies[r][2][: g.accepted[r] + 1])
 
 
-@pytest.mark.parametrize("greedy_drafts", [False, True])
+@pytest.mark.parametrize("greedy_drafts", [False, pytest.param(True, marks=pytest.mark.heavy)])
 def test_sampling_is_lossless(tmp_path, greedy_drafts):
     """T = 1 on a tiny-vocabulary target: the first three generated tokens follow the exact target
     distribution (chi-square at a fixed seed; tests/lossless.py's check, driven through the PyTorch loop),

@@ -84,7 +84,7 @@ def _counting_batch(rng, b, s, v=32):
     return {"input_ids": ids, "loss_mask": lm}
 
 
-@pytest.mark.parametrize("kind", ["markov", "dflash"])
+@pytest.mark.parametrize("kind", [pytest.param("markov", marks=pytest.mark.heavy), "dflash"])
 def test_drafter_learns_a_deterministic_toy_target(kind):
     dc = _drafter_cfg(kind, "deepspec")
     # the random toy target is not the data generator here, so supervise with CE only
@@ -108,7 +108,8 @@ def test_drafter_learns_a_deterministic_toy_target(kind):
         assert last["top1_acc@slot"][0] > 0.9
 
 
-@pytest.mark.parametrize("mode", ["baseline", "dvd"])
+@pytest.mark.parametrize("mode", [pytest.param("baseline", marks=pytest.mark.heavy), "dvd"])  # DVD runs the baseline's
+# draft forward and losses too
 def test_sharded_step_equals_unsharded(mode):
     assert jax.device_count() == 8
     dc = _drafter_cfg("markov", "zlab")
@@ -229,6 +230,7 @@ def test_optimizer_state_is_sharded_like_the_params_for_any_optax_optimizer(name
     assert all(x.spec == jax.sharding.PartitionSpec() for x in others)  # counts (SGD's trace has none)
 
 
+@pytest.mark.heavy
 def test_sharded_step_with_a_non_adam_optimizer_equals_unsharded():
     dc = _drafter_cfg("markov", "zlab")
     cfg = TrainConfig(num_anchors=6, steps=4)
