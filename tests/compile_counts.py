@@ -15,7 +15,8 @@ BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src
 @contextlib.contextmanager
 def counting_compiles():
     """Clears jax's caches, then yields a Counter of backend compiles per function name
-    (`jit_<name>`) made inside the block."""
+    (`jit_<name>`) made inside the block. The persistent compilation cache (tests/conftest.py) is off inside:
+    a program loaded from it is no backend compile, so it would not be counted."""
     jax.clear_caches()
     counts: collections.Counter = collections.Counter()
 
@@ -23,11 +24,14 @@ def counting_compiles():
         if event == BACKEND_COMPILE_EVENT:
             counts[str(kw.get("fun_name", ""))] += 1
 
+    persistent = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         yield counts
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+        jax.config.update("jax_enable_compilation_cache", persistent)
 
 
 def compiles_of(counts, fn_name: str) -> int:
