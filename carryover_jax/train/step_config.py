@@ -35,6 +35,7 @@ class StepConfig:
     top_p: float = 1.0
     objective: str = "ce"  # "edr": + the expected-decoding-rounds surrogate (train/edr.py), weight edr_weight
     edr_weight: float = 1.0
+    accum_steps: int = 1  # micro-steps per optimizer step (the step's batch is one of them: `anchors.part_rows`)
 
 
 def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: DrafterConfig, *,
@@ -55,5 +56,5 @@ def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: Drafter
         loss_chunk=cfg.loss_chunk_rows, mode=cfg.mode, carry=cfg.dvd_carry, off_metrics=cfg.dvd_off_metrics,
         target_labels=cfg.labels == "target", kl_weight=cfg.kl_weight,
         draft1_temperature=cfg.draft1_temperature, top_k=cfg.data.top_k, top_p=cfg.data.top_p,
-        objective=cfg.objective, edr_weight=cfg.edr_weight,
+        objective=cfg.objective, edr_weight=cfg.edr_weight, accum_steps=cfg.grad_accum_steps,
     )
