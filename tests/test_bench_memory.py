@@ -37,6 +37,7 @@ def test_a_compiled_row_has_the_fields(toy_row):
     assert rec["config"] == "qwen3_4b" and rec["stage"] == "baseline" and rec["backend"] == "einsum"
     assert rec["devices"] == 2 and rec["mesh"] == "data=2,fsdp=1,tensor=1"
     assert rec["micro_batch"] == 2 and rec["accum"] == 2  # 2 sequences per device per micro-step
+    assert rec["micro_batch_global"] == 4 and rec["global_batch"] == 8
     assert isinstance(rec["per_device_gb"], float) and rec["per_device_gb"] > 0 and "compiled" in rec["method"]
     for node, limit in bench_train.NODE_LIMITS_GB.items():
         assert rec[f"fits_{node}"] == (rec["per_device_gb"] <= limit)
@@ -56,8 +57,9 @@ def test_the_command_prints_one_object_per_line(toy_row, monkeypatch, capsys):
     assert main(["bench", "train", "--memory", "--json", "--backend", "auto", "einsum"]) == 0
     lines = capsys.readouterr().out.splitlines()
     recs = [json.loads(line) for line in lines]
+    stages = ("baseline", "dvd", "control")
     assert [(r["config"], r["stage"], r["backend"]) for r in recs] == [
-        (c, s, b) for c in ("qwen3_4b", "gemma4_12b") for s in ("baseline", "dvd", "control") for b in ("auto", "einsum")]
+        (c, s, b) for c in ("qwen3_4b", "gemma4_12b") for s in stages for b in ("auto", "einsum")]
     assert all(set(FIELDS) <= set(r) for r in recs)
     assert seen["devices"] == 8  # one node unless --devices
     assert [cfg.mode for _, _, cfg, _ in seen["entries"]] == ["baseline", "dvd", "control"] * 2

@@ -132,14 +132,14 @@ def _bytes(tree) -> int:
 
 def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterConfig, *, devices: int,
                     dvd: bool = False) -> dict:
-    """Per-device bytes for one training step of `cfg` (a DVD step with `dvd`) on `devices` devices (data
-    parallel unless the mesh shards), from abstract shapes only."""
+    """Per-device bytes for one training (micro-)step of `cfg` (a DVD step with `dvd`) on `devices` devices
+    (data parallel unless the mesh shards), from abstract shapes only."""
     numerics = cfg.run_numerics("cuda")  # a GPU pod's program
     tparams = abstract_params(target_cfg.with_numerics(numerics))
     dparams = jax.eval_shape(lambda: init_drafter_params(dcfg, jax.random.key(0)))
     opt = jax.eval_shape(make_optimizer(cfg, 10).init, dparams)
     model_shards = max(1, cfg.mesh.fsdp * cfg.mesh.tensor)
-    local_b = max(1, cfg.batch_size // devices)
+    local_b = max(1, cfg.batch_size // cfg.grad_accum_steps // devices)
     s, n, t = cfg.data.max_len, cfg.num_anchors, dcfg.block_size
     act_dt = jnp.dtype(numerics.dtype).itemsize
     # float32 scores of one layer (remat keeps one live): context [N*T, S] + block-diagonal [N*T, T]
@@ -180,9 +180,11 @@ def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
     With at least `devices` local devices (a pod, or CPU with XLA_FLAGS=--xla_force_host_platform_device_count=N)
     the sharded step over the mesh is compiled. Otherwise a pure data-parallel mesh compiles one device's
     program (the local batch; what the all-reduce of the gradients adds is one gradient-sized buffer), and
-    any other mesh falls back to `memory_estimate` (eval_shape). Compiled on a platform other than the
-    target one (CPU for GPU), the numbers are that platform's buffer assignment for the same program: the
-    Pallas kernel runs in interpret mode there, which keeps its tiles, not [T, S] buffers."""
+    any other mesh falls back to `memory_estimate` (eval_shape). With `grad_accum_steps` the step compiled
+    is one micro-step (batch_size / grad_accum_steps sequences, MultiSteps' accumulator in the state).
+    Compiled on a platform other than the target one (CPU for GPU), the numbers are that platform's buffer
+    assignment for the same program, a proxy: the Pallas kernel runs in interpret mode there (it keeps its
+    tiles, not [T, S] buffers), and XLA CPU computes bf16 dots in float32 (float32 copies of their operands)."""
     data, fsdp, tensor = mesh_sizes(cfg.mesh, devices)
     run_cfg = cfg.replace(features="online")
     # the program a GPU pod builds: the run's numerics resolved for cuda, whatever this host is. "auto" is
@@ -272,15 +274,16 @@ _PRESET_OF = {"qwen3_4b": "qwen3-4b", "qwen3_8b": "qwen3-8b", "gemma4_12b": "gem
 
 def memory_json(row: dict) -> str:
     """One row as one line of JSON (`bench train --memory --json`): config, stage, devices, mesh, backend,
-    per_device_gb, micro_batch (sequences per data x fsdp shard per micro-step), accum, fits_h200, fits_h100
-    and the rest of the row."""
+    per_device_gb, micro_batch (sequences per data x fsdp shard per micro-step), accum, fits_h200, fits_h100,
+    then the rest of the row (micro_batch_global: sequences per micro-step)."""
     m = row["mesh"]
     head = {"config": row["config"], "stage": row.get("stage", row["mode"]), "devices": row["devices"],
             "mesh": f"data={m['data']},fsdp={m['fsdp']},tensor={m['tensor']}", "backend": row["backend"],
             "per_device_gb": row["total_gb"], "micro_batch": row["micro_batch_per_shard"],
-            "accum": row["grad_accum_steps"]}
-    rest = {k: v for k, v in row.items() if k not in head and k not in ("mesh", "total_gb", "estimate")}
-    return json.dumps({**head, **rest})
+            "accum": row["grad_accum_steps"], "fits_h200": row["fits_h200"], "fits_h100": row["fits_h100"],
+            "micro_batch_global": row["micro_batch"]}
+    renamed = ("mesh", "total_gb", "micro_batch", "micro_batch_per_shard", "grad_accum_steps", "estimate")
+    return json.dumps({**head, **{k: v for k, v in row.items() if k not in head and k not in renamed}})
 
 
 def format_memory(result: dict) -> str:
