@@ -298,22 +298,28 @@ def _cmd_bench(args) -> int:
         from carryover_jax.config import DrafterConfig, apply_overrides, preset
         from carryover_jax.configs import load_config
 
-        if args.memory:  # compiled per-device memory of the paper configs, per attention backend
-            from carryover_jax.config import MeshConfig
-
-            try:
-                mesh = {k: int(v) for k, v in (kv.split("=") for kv in (args.mesh or "data=-1").split(","))}
-                mesh_cfg = MeshConfig(**mesh)
-            except (ValueError, TypeError):
-                raise CarryoverError(f"--mesh must be AXIS=SIZE[,AXIS=SIZE...] with axes data, fsdp, tensor, "
-                                     f"got {args.mesh!r}") from None
-            cfgs = {}
-            for name in args.memory_configs.split(","):
-                c = load_config(name).replace(mesh=mesh_cfg).with_loss(mode="dvd" if args.mode == "dvd" else "baseline")
-                cfgs[name] = apply_overrides(c, args.set or [])
-            result = bench_train.memory_table(cfgs, devices=args.devices, backends=tuple(args.backend or
-                                                                                         ["einsum", "pallas"]))
-            print(bench_train.format_memory(result))
+        if args.memory:  # compiled per-device memory of the paper configs' stages, per attention backend
+            sets = list(args.set or [])
+            if args.mesh:  # the configs' own mesh unless given
+                try:
+                    mesh = {k: int(v) for k, v in (kv.split("=") for kv in args.mesh.split(","))}
+                except ValueError:
+                    raise CarryoverError(f"--mesh must be AXIS=SIZE[,AXIS=SIZE...] with axes data, fsdp, tensor, "
+                                         f"got {args.mesh!r}") from None
+                if not mesh or set(mesh) - {"data", "fsdp", "tensor"}:
+                    raise CarryoverError(f"--mesh must be AXIS=SIZE[,AXIS=SIZE...] with axes data, fsdp, tensor, "
+                                         f"got {args.mesh!r}")
+                sets = [f"mesh.{k}={mesh.get(k, 1)}" for k in ("data", "fsdp", "tensor")] + sets
+            entries = bench_train.stage_entries(args.memory_configs.split(","), args.stages, sets)
+            devices = args.devices or 8
+            rows = []
+            for row in bench_train.memory_rows(entries, devices=devices, backends=tuple(args.backend or ["auto"])):
+                rows.append(row)
+                if args.json:
+                    print(bench_train.memory_json(row), flush=True)
+            result = {"benchmark": "train-memory", "devices": devices, "rows": rows}
+            if not args.json:
+                print(bench_train.format_memory(result))
             _write_result(result, args.out)
             return 0
         cfg = apply_overrides(load_config(args.config), args.set or [])
@@ -322,7 +328,7 @@ def _cmd_bench(args) -> int:
         paper = load_config("qwen3_4b")
         q = preset("qwen3-4b")
         dcfg = DrafterConfig.for_target(q, paper.drafter)
-        result["qwen3_4b_memory_per_device"] = bench_train.memory_estimate(paper, q, dcfg, devices=args.devices,
+        result["qwen3_4b_memory_per_device"] = bench_train.memory_estimate(paper, q, dcfg, devices=args.devices or 64,
                                                                            dvd=dvd)
         for r in result["rows"]:
             if dvd:
@@ -335,6 +341,9 @@ def _cmd_bench(args) -> int:
         _write_result(result, args.out)
         return 0
     raise CarryoverError(f"unknown benchmark {args.what!r}")
+
+
+_MEMORY_STAGES = ("baseline", "dvd", "control")  # bench.train.MEMORY_STAGES (parsing imports no jax)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -451,14 +460,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--steps", type=SIZE, default=6, help="bench train: timed steps per mode")
     b.add_argument("--mode", choices=["features", "dvd"], default="features",
                    help="bench train: online vs stored features, or DVD/control vs baseline steps on one batch")
-    b.add_argument("--devices", type=SIZE, default=64, help="bench train: devices for the Qwen3-4B memory estimate")
+    b.add_argument("--devices", type=SIZE, default=None, help="bench train: devices for the Qwen3-4B memory estimate "
+                   "(default 64); with --memory, the devices compiled for (default 8: one node)")
     b.add_argument("--memory", action="store_true", help="bench train: per-device memory of the compiled step of "
-                   "the paper configs (--memory-configs) under --mesh on --devices, per --backend")
+                   "the paper configs' stages (--memory-configs, --stages) on --devices, per --backend")
     b.add_argument("--memory-configs", default="qwen3_4b,gemma4_12b", help="bench train --memory: config names")
-    b.add_argument("--mesh", default=None, help="bench train --memory: e.g. data=8,fsdp=8 (default data=-1)")
+    b.add_argument("--stages", nargs="+", default=list(_MEMORY_STAGES), choices=_MEMORY_STAGES,
+                   help="bench train --memory: the stages compiled (control_compute runs control's step)")
+    b.add_argument("--mesh", default=None, help="bench train --memory: e.g. data=4,tensor=2 (default: each config's)")
+    b.add_argument("--json", action="store_true", help="bench train --memory: one JSON object per line per "
+                   "(config, stage, mesh, backend) instead of the table")
     b.add_argument("--backend", nargs="+", default=None, choices=ATTENTION_BACKENDS,
                    help="bench steps: train step per attention backend (default einsum); "
-                        "bench train --memory: backends compared (default einsum pallas)")
+                        "bench train --memory: backends compiled (default auto, the GPU default)")
     b.add_argument("--drafter", type=user_path, help="bench decode: drafter folder (default: an untrained random drafter)")
     b.add_argument("--prompts", type=SIZE, default=4, help="bench decode: prompts decoded one by one")
     b.add_argument("--breakdown", action="store_true", help="bench decode: AR step / draft / verify / round times "

@@ -436,7 +436,8 @@ CLI_ROWS = [
         e, store=sharded_store(e, shards=2, of=2, complete=False)),
         r"shard shard-00001-of-00002 is incomplete \(its prepare has not finished\); run `carryover prepare --shard 1 "
         r"--num-shards 2` again"),
-    Row("train checkpoints folder is a file", lambda e: train_args(e, out=str(_file_in(e.tmp / "run", "checkpoints"))),
+    Row("train checkpoints folder is a file", lambda e: train_args(e, "--set", "batch_size=8",  # splits over 8 devices
+                                                                   out=str(_file_in(e.tmp / "run", "checkpoints"))),
         r"checkpoint folder .*run/checkpoints is a file"),
     Row("train out_dir unwritable", lambda e: train_args(e, out=str(Path(write(e, "file", "x")) / "run")),
         r"cannot create the output folder .*file/run"),
@@ -451,6 +452,14 @@ CLI_ROWS = [
     Row("train batch_size absurd", lambda e: train_args(e, "--set", "batch_size=1000000000"),
         r"batch_size must be an integer in \[1, 1048576\], got 1000000000"),
     Row("train num_anchors 0", lambda e: train_args(e, "--set", "num_anchors=0"), r"num_anchors must be an integer in \[1, "),
+    Row("train grad_accum_steps 0", lambda e: train_args(e, "--set", "grad_accum_steps=0"),
+        r"grad_accum_steps must be an integer in \[1, 1048576\], got 0"),
+    Row("train grad_accum_steps does not divide batch_size", lambda e: train_args(
+        e, "--set", "batch_size=8", "--set", "grad_accum_steps=3"),
+        r"batch_size 8 is not a multiple of grad_accum_steps 3: every micro-step needs the same number of sequences"),
+    Row("train micro-batch does not split over the mesh", lambda e: train_args(
+        e, "--set", "batch_size=8", "--set", "grad_accum_steps=2"),
+        r"batch_size / grad_accum_steps = 4 sequences do not split over the mesh's data x fsdp = 8 devices"),
     Row("train lr 0", lambda e: train_args(e, "--set", "lr=0"), r"lr must be a finite number in \(0, 1\], got 0\.0"),
     Row("train lr 100", lambda e: train_args(e, "--set", "lr=100"), r"lr must be a finite number in \(0, 1\]"),
     Row("train warmup_ratio 2", lambda e: train_args(e, "--set", "warmup_ratio=2"), r"warmup_ratio must be a finite "

@@ -8,8 +8,9 @@ Parts, in order of priority, each skipped (and said so) once the budget is spent
    AR step / its weight-read floor, draft / verify / round / AR for "auto" and "einsum", the baseline
    and DVD training steps' time and MFU (FLOPs counted: `bench.steps.TRAIN_FLOPS_DOC`), and a
    `jax.profiler` trace of one round (compressed into the output);
-3. compiled per-device memory of the data-parallel paper configs with the device's own compiler
-   (`bench.train.compiled_memory`);
+3. compiled per-device memory of the paper configs' micro-step with the device's own compiler
+   (`bench.train.compiled_memory`): one GPU compiles one device's program of a data-parallel node at
+   the configs' micro-batch per device (what the CPU proxy of `bench train --memory` can be held against);
 4. the `gpu`-marked tests on the device (tests/test_gpu.py), then, if time remains, the fast test
    suite on the device's jax / Python, CPU platform, `-x`, capped.
 
@@ -130,7 +131,7 @@ def _memory(res: dict, dry: bool, deadline: float):
     import dataclasses
 
     from carryover_jax.bench.train import compiled_memory
-    from carryover_jax.config import DrafterConfig, preset
+    from carryover_jax.config import DrafterConfig, MeshConfig, preset
     from carryover_jax.configs import load_config
 
     rows = []
@@ -141,18 +142,20 @@ def _memory(res: dict, dry: bool, deadline: float):
             continue
         cfg = load_config(name)
         cfg = cfg.with_loss(mode=mode) if mode else cfg
+        cfg = cfg.replace(mesh=MeshConfig(data=-1))  # one node, data parallel: one device's program here
         tcfg = preset(pre)
         if dry:  # the same function on toy shapes: a 2-layer target, short sequences, few anchors
             tcfg = _toy_target() if pre == "qwen3-4b" else tcfg.replace(
                 num_layers=2, hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2, head_dim=32,
                 global_head_dim=64, num_global_kv_heads=1, vocab_size=1024,
                 layer_types=("sliding_attention", "full_attention")).with_numerics(_numerics("float32"))
-            cfg = cfg.replace(batch_size=2, num_anchors=4, data=dataclasses.replace(cfg.data, max_len=64),
+            cfg = cfg.replace(batch_size=2, grad_accum_steps=1, num_anchors=4,
+                              data=dataclasses.replace(cfg.data, max_len=64),
                               drafter=dataclasses.replace(cfg.drafter, num_layers=1, target_layer_ids=(0,),
                                                           mask_token_id=0, markov_rank=8))
         try:
             dcfg = DrafterConfig.for_target(tcfg, cfg.drafter)
-            rows.append({"config": name, **compiled_memory(cfg, tcfg, dcfg, devices=2 if dry else 64, backend="auto")})
+            rows.append({"config": name, **compiled_memory(cfg, tcfg, dcfg, devices=2 if dry else 8, backend="auto")})
         except Exception as e:  # noqa: BLE001 - the check reports every part
             rows.append({"config": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"})
     res["memory"] = rows

@@ -7,8 +7,9 @@ parameter and optimizer tensor (nothing is allocated) plus the dominant activati
 training attention scores, B_local x heads x (N*T) x (S + T) float32 per layer (the block part is
 block-diagonal), and the draft + aligned target logits over the full vocabulary.
 
-`--memory` (`compiled_memory`, `memory_table`): per-device bytes of the paper configs' compiled step
-from XLA's memory analysis, per attention backend (einsum vs the fused Pallas kernel), under a mesh.
+`--memory` (`compiled_memory`, `memory_rows`): per-device bytes of the paper configs' compiled step, every
+stage (baseline, DVD, control), from XLA's memory analysis of the program `carryover train` builds for a
+GPU (the run's numerics resolved for cuda; its mesh, micro-batch and accumulation), per attention backend.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 
 from carryover_jax.bench.steps import _median_ms
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig, preset
+from carryover_jax.errors import ConfigError
 from carryover_jax.loading import load_target
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.target import abstract_params
@@ -130,16 +132,16 @@ def _bytes(tree) -> int:
 
 def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterConfig, *, devices: int,
                     dvd: bool = False) -> dict:
-    """Per-device bytes for one training step of `cfg` (a DVD step with `dvd`) on `devices` devices (data
-    parallel unless the mesh shards), from abstract shapes only."""
-    tdt = "bfloat16" if cfg.compute_dtype == "bfloat16" else "float32"
-    tparams = abstract_params(target_cfg.replace(dtype=tdt, param_dtype=tdt))
+    """Per-device bytes for one training (micro-)step of `cfg` (a DVD step with `dvd`) on `devices` devices
+    (data parallel unless the mesh shards), from abstract shapes only."""
+    numerics = cfg.run_numerics("cuda")  # a GPU pod's program
+    tparams = abstract_params(target_cfg.with_numerics(numerics))
     dparams = jax.eval_shape(lambda: init_drafter_params(dcfg, jax.random.key(0)))
     opt = jax.eval_shape(make_optimizer(cfg, 10).init, dparams)
     model_shards = max(1, cfg.mesh.fsdp * cfg.mesh.tensor)
-    local_b = max(1, cfg.batch_size // devices)
+    local_b = max(1, cfg.batch_size // cfg.grad_accum_steps // devices)
     s, n, t = cfg.data.max_len, cfg.num_anchors, dcfg.block_size
-    act_dt = 2 if cfg.compute_dtype == "bfloat16" else 4
+    act_dt = jnp.dtype(numerics.dtype).itemsize
     # float32 scores of one layer (remat keeps one live): context [N*T, S] + block-diagonal [N*T, T]
     attn = local_b * dcfg.backbone.num_heads * (n * t) * (s + t) * 4
     feats = local_b * s * (len(dcfg.target_layer_ids) + 1) * target_cfg.hidden_size * act_dt
@@ -178,21 +180,31 @@ def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
     With at least `devices` local devices (a pod, or CPU with XLA_FLAGS=--xla_force_host_platform_device_count=N)
     the sharded step over the mesh is compiled. Otherwise a pure data-parallel mesh compiles one device's
     program (the local batch; what the all-reduce of the gradients adds is one gradient-sized buffer), and
-    any other mesh falls back to `memory_estimate` (eval_shape). Compiled on a platform other than the
-    target one (CPU for GPU), the numbers are that platform's buffer assignment for the same program: the
-    Pallas kernel runs in interpret mode there, which keeps its tiles, not [T, S] buffers."""
+    any other mesh falls back to `memory_estimate` (eval_shape). With `grad_accum_steps` the step compiled
+    is one micro-step (batch_size / grad_accum_steps sequences, MultiSteps' accumulator in the state).
+    Compiled on a platform other than the target one (CPU for GPU), the numbers are that platform's buffer
+    assignment for the same program, a proxy: the Pallas kernel runs in interpret mode there (it keeps its
+    tiles, not [T, S] buffers), and XLA CPU computes bf16 dots in float32 (float32 copies of their operands)."""
     data, fsdp, tensor = mesh_sizes(cfg.mesh, devices)
-    run_cfg = cfg.replace(attention_backend=backend, features="online")
-    sc = step_config(run_cfg, target_cfg, dcfg)
+    run_cfg = cfg.replace(features="online")
+    # the program a GPU pod builds: the run's numerics resolved for cuda, whatever this host is. "auto" is
+    # lowered as its cuda branch (the kernel): lowered for the CPU, platform_dependent would take einsum
+    numerics = run_cfg.run_numerics("cuda").replace(attention_backend="pallas" if backend == "auto" else backend)
+    sc = step_config(run_cfg, target_cfg, dcfg, numerics=numerics)
     opt = make_optimizer(run_cfg, 10)
-    tdt = "bfloat16" if cfg.compute_dtype == "bfloat16" else "float32"
-    tparams = abstract_params(sc.target.replace(param_dtype=tdt))
+    tparams = abstract_params(sc.target)
     state = jax.eval_shape(lambda: init_state(init_drafter_params(sc.drafter, jax.random.key(0)), opt, 0))
     s = cfg.data.max_len
+    micro = cfg.batch_size // cfg.grad_accum_steps  # what one compiled (micro-)step sees
+    if micro % (data * fsdp):
+        raise ConfigError(f"batch_size / grad_accum_steps = {micro} sequences do not split over the mesh's data x "
+                          f"fsdp = {data * fsdp} devices")
     base = {"devices": devices, "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor}, "backend": backend,
-            "global_batch": cfg.batch_size, "max_len": s, "num_anchors": cfg.num_anchors, "mode": cfg.loss.mode}
+            "global_batch": cfg.batch_size, "grad_accum_steps": cfg.grad_accum_steps, "micro_batch": micro,
+            "micro_batch_per_shard": micro // (data * fsdp), "max_len": s, "num_anchors": cfg.num_anchors,
+            "mode": cfg.loss.mode, "remat": cfg.remat, "loss_chunk_rows": cfg.loss.chunk_rows}
     if len(jax.devices()) >= devices:
-        b = cfg.batch_size
+        b = micro
         batch = {k: jax.ShapeDtypeStruct((b, s), jnp.int32) for k in ("input_ids", "loss_mask")}
         mesh = make_mesh(cfg.mesh, jax.devices()[:devices])
         with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
@@ -202,7 +214,7 @@ def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
             ma = fn.lower(state, tparams, batch).compile().memory_analysis()
         method = f"compiled: the sharded step over {devices} devices"
     elif fsdp == 1 and tensor == 1:
-        b = max(1, cfg.batch_size // devices)
+        b = max(1, micro // devices)
         batch = {k: jax.ShapeDtypeStruct((b, s), jnp.int32) for k in ("input_ids", "loss_mask")}
         fn = jax.jit(functools.partial(train_step, sc, opt), donate_argnums=(0,))
         ma = fn.lower(state, tparams, batch).compile().memory_analysis()
@@ -223,29 +235,65 @@ def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
             "total_gb": gb(arg + out + tmp - alias)}
 
 
-def memory_table(configs: dict[str, TrainConfig], *, devices: int, backends=("einsum", "pallas"),
-                 progress: bool = True) -> dict:
-    """`compiled_memory` of each named paper config (its preset target, its drafter) for each backend."""
-    rows = []
-    for name, cfg in configs.items():
-        tcfg = preset(_PRESET_OF.get(name, name))
+# per-device memory an 8-GPU node leaves a training step: an H200 has 141 GB, an H100-80GB 80 GB, less what the
+# CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers and allocator fragmentation take
+NODE_LIMITS_GB = {"h200": 120, "h100": 72}
+# the stages whose compiled step differs: control_compute runs control's step (only its step count differs)
+MEMORY_STAGES = ("baseline", "dvd", "control")
+
+
+def memory_rows(entries, *, devices: int, backends=("auto",), progress: bool = True):
+    """`compiled_memory` of each (config name, stage, TrainConfig, TargetConfig) in `entries` for each backend,
+    one row at a time (a compile takes minutes: rows are yielded as they finish)."""
+    for name, stage, cfg, tcfg in entries:
         dcfg = DrafterConfig.for_target(tcfg, cfg.drafter)
         for bk in backends:
             if progress:
-                print(f"compiling the {name} step ({bk}) ...", file=sys.stderr, flush=True)
-            rows.append({"config": name, **compiled_memory(cfg, tcfg, dcfg, devices=devices, backend=bk)})
-    return {"benchmark": "train-memory", "devices": devices, "rows": rows}
+                print(f"compiling the {name} {stage} step ({bk}) ...", file=sys.stderr, flush=True)
+            row = {"config": name, "stage": stage, **compiled_memory(cfg, tcfg, dcfg, devices=devices, backend=bk)}
+            row.update({f"fits_{node}": row["total_gb"] <= limit for node, limit in NODE_LIMITS_GB.items()})
+            yield row
+
+
+def stage_entries(names, stages=MEMORY_STAGES, overrides=()):
+    """(name, stage, config, preset target) of each paper config's stages, `overrides` (`--set`) applied."""
+    from carryover_jax.config import apply_overrides
+    from carryover_jax.configs import load_config
+
+    out = []
+    for name in names:
+        tcfg = preset(_PRESET_OF.get(name, name))
+        for stage in stages:
+            cfg = load_config(name if stage == "baseline" else f"{name}:{stage}")
+            out.append((name, stage, apply_overrides(cfg, list(overrides)), tcfg))
+    return out
 
 
 _PRESET_OF = {"qwen3_4b": "qwen3-4b", "qwen3_8b": "qwen3-8b", "gemma4_12b": "gemma4-12b"}
 
 
+def memory_json(row: dict) -> str:
+    """One row as one line of JSON (`bench train --memory --json`): config, stage, devices, mesh, backend,
+    per_device_gb, micro_batch (sequences per data x fsdp shard per micro-step), accum, fits_h200, fits_h100,
+    then the rest of the row (micro_batch_global: sequences per micro-step)."""
+    m = row["mesh"]
+    head = {"config": row["config"], "stage": row.get("stage", row["mode"]), "devices": row["devices"],
+            "mesh": f"data={m['data']},fsdp={m['fsdp']},tensor={m['tensor']}", "backend": row["backend"],
+            "per_device_gb": row["total_gb"], "micro_batch": row["micro_batch_per_shard"],
+            "accum": row["grad_accum_steps"], "fits_h200": row["fits_h200"], "fits_h100": row["fits_h100"],
+            "micro_batch_global": row["micro_batch"]}
+    renamed = ("mesh", "total_gb", "micro_batch", "micro_batch_per_shard", "grad_accum_steps", "estimate")
+    return json.dumps({**head, **{k: v for k, v in row.items() if k not in head and k not in renamed}})
+
+
 def format_memory(result: dict) -> str:
-    lines = [f"per-device memory of one training step, {result['devices']} devices"]
+    lines = [f"per-device memory of one training (micro-)step, {result['devices']} devices"]
     for r in result["rows"]:
         m = r["mesh"]
         extra = (f"  (args {r['arguments_gb']}, temp {r['temp_gb']}, out {r['outputs_gb']}, aliased {r['aliased_gb']})"
                  if "temp_gb" in r else "")
-        lines.append(f"{r['config']:12s} {r['mode']:8s} mesh data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']}  "
-                     f"{r['backend']:7s} {r['total_gb']:8.2f} GB{extra}  [{r['method']}]")
+        fits = ", ".join(node for node in NODE_LIMITS_GB if r.get(f"fits_{node}")) or "-"
+        lines.append(f"{r['config']:12s} {r.get('stage', r['mode']):8s} mesh data={m['data']} fsdp={m['fsdp']} "
+                     f"tensor={m['tensor']}  micro {r['micro_batch_per_shard']:g} x accum {r['grad_accum_steps']}  "
+                     f"{r['backend']:7s} {r['total_gb']:8.2f} GB  fits: {fits}{extra}  [{r['method']}]")
     return "\n".join(lines)

@@ -152,7 +152,7 @@ _TRAIN_BOUNDS = dict(
     lr=B.positive(1.0), warmup_ratio=B.real(high=1.0), weight_decay=B.real(high=1.0), grad_clip=B.positive(1e9),
     b1=B.real(high=1.0, open_high=True), b2=B.real(high=1.0, open_high=True), eps=B.positive(1.0),
     seed=B.SEED, log_every=B.count(), save_every=B.count(), keep_checkpoints=B.count(1, 1000),
-    snapshot_every=B.count(0),
+    snapshot_every=B.count(0), grad_accum_steps=B.size(),
 )
 
 
@@ -199,10 +199,17 @@ class TrainConfig:
     # folder each), for the tau/speed-against-training-time curve (`carryover eval --curve`)
     snapshot_every: int = 0
     async_checkpointing: bool = True
+    # gradient accumulation (optax.MultiSteps): each optimizer step of batch_size sequences runs as this many
+    # micro-steps of batch_size / grad_accum_steps sequences, the mean of their gradients applied once.
+    # steps, epochs, log_every, save_every and the lr schedule count optimizer steps
+    grad_accum_steps: int = 1
 
     def __post_init__(self):
         # steps is unused when epochs is set (total_steps), so 0 is allowed there
         B.check_fields(self, {**_TRAIN_BOUNDS, "steps": B.count(0 if self.epochs is not None else 1)})
+        if self.batch_size % self.grad_accum_steps:
+            raise ConfigError(f"batch_size {self.batch_size} is not a multiple of grad_accum_steps "
+                              f"{self.grad_accum_steps}: every micro-step needs the same number of sequences")
         loss = self.step_loss
         if not (loss.ce_weight or loss.l1_weight or loss.kl_weight or (loss.objective == "edr" and loss.edr_weight)):
             raise ConfigError("loss.ce_weight, l1_weight and kl_weight are all 0 (and no objective=edr): the loss "

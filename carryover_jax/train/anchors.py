@@ -38,12 +38,23 @@ def anchor_candidates(loss_mask: Array) -> Array:
     return jnp.pad(cand, ((0, 0), (0, 1)))
 
 
-def sample_anchors(rng: Array, loss_mask: Array, num_anchors: int) -> tuple[Array, Array, Array]:
+def part_rows(draw, rows: int, part=(0, 1)) -> Array:
+    """`draw(n)` -> [n, ...] random values for n rows; returns the `rows` of micro-batch `part` = (index,
+    count) of an optimizer step's batch of count * rows (gradient accumulation). They are drawn for the
+    whole batch and sliced, so a row's draws do not depend on how its batch is split into micro-batches:
+    accumulating gives every row what the undivided step would. `index` may be traced."""
+    index, count = part
+    if count == 1:
+        return draw(rows)
+    return jax.lax.dynamic_slice_in_dim(draw(count * rows), index * rows, rows)
+
+
+def sample_anchors(rng: Array, loss_mask: Array, num_anchors: int, part=(0, 1)) -> tuple[Array, Array, Array]:
     """Uniform sampling without replacement via random keys: returns (anchors [B, N] ascending,
-    keep [B, N], number of candidates [B])."""
+    keep [B, N], number of candidates [B]). `part`: see `part_rows`."""
     cand = anchor_candidates(loss_mask)
     b, s = cand.shape
-    keys = jnp.where(cand, jax.random.uniform(rng, (b, s)), 2.0)
+    keys = jnp.where(cand, part_rows(lambda r: jax.random.uniform(rng, (r, s)), b, part), 2.0)
     n = min(num_anchors, s)
     _, idx = jax.lax.top_k(-keys, n)  # n smallest keys
     num_valid = jnp.sum(cand, axis=1)

@@ -6,7 +6,9 @@ t_control are the median wall-clock times of one training step of each, measured
 both steps compiled (an untimed first call each), then timed alternately on the same first K batches of
 the run's own data order, so machine load drifts hit both alike. DVD's step is timed with
 `loss.off_metrics=False`: the carried-withheld draft-2 forward is a diagnostic (no gradient), not part of
-what DVD training costs. Checkpointing, logging and snapshots are outside the timed calls.
+what DVD training costs. Checkpointing, logging and snapshots are outside the timed calls. With gradient
+accumulation (`grad_accum_steps` = k, the same in both) the timed calls are micro-steps: either step is k of
+them, so their ratio is the steps' ratio.
 
 Why measured time and not FLOPs: the two steps differ by a frozen-target forward over N(P+1) verify
 tokens (online) and a second drafter context pass; on this CPU XLA's small-matmul efficiency differs
@@ -37,7 +39,7 @@ import numpy as np
 from carryover_jax.config import TrainConfig
 from carryover_jax.errors import TrainingError
 from carryover_jax.io import atomic_write_json
-from carryover_jax.train.loop import BATCH_KEYS, build_drafter
+from carryover_jax.train.loop import BATCH_KEYS, build_drafter, micro_batch
 from carryover_jax.train.pipeline import make_train_iter
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
 from carryover_jax.train.step import (compile_step, drafter_shardings, init_state, make_optimizer, state_shardings,
@@ -83,7 +85,7 @@ def probe_step_times(dvd: TrainConfig, control: TrainConfig, *, steps: int = 6,
     target = load_target(dvd.target, numerics=numerics,
                          tokenizer=dvd.init_from is None and dvd.drafter.mask_token_id is None)
     mesh = make_mesh(dvd.mesh)
-    local = dvd.batch_size // jax.process_count()
+    local = micro_batch(dvd, mesh)  # with gradient accumulation: micro-steps, k of them per step of either run
     times: dict[str, list[float]] = {"dvd": [], "control": []}
     with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
         runs, tsh = {}, None

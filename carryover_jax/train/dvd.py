@@ -58,7 +58,7 @@ def draft_proposals(sc: StepConfig, params, frozen, feats: Array, blk: A.Blocks)
 
 
 def coupled_proposals(sc: StepConfig, params, target_params, frozen, feats: Array, last: Array, blk: A.Blocks,
-                      rng: Array) -> Array:
+                      rng: Array, part=(0, 1)) -> Array:
     """Draft 1 on a recording sampled at temperature T > 0: proposals [B, N, P] drawn from the maximal
     coupling of the drafter's distribution q with the recorded token x ~ p (both processed as decoding
     processes them: temperature, top-k, top-p). Slot i proposes x with probability min(1, q(x)/p(x)), else
@@ -83,7 +83,7 @@ def coupled_proposals(sc: StepConfig, params, target_params, frozen, feats: Arra
     th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n, p, -1)
     x = blk.labels.reshape(b * n, p)
     anchor_tok = blk.tokens.reshape(b * n, t)[:, 0]
-    keys = jax.random.key_data(jax.random.split(rng, b * n))
+    keys = A.part_rows(lambda r: jax.random.key_data(jax.random.split(rng, r)), b * n, part)  # row-major: b, n
     tm, drafter = TargetLM(sc.target), Drafter(dc)
 
     def draw(hc, thc, xc, ac, kc):
@@ -198,18 +198,20 @@ class Rollout(NamedTuple):
 
 
 def rollout(sc: StepConfig, params, target_params, frozen, batch, feats, last, rng, *, carried: bool,
-            kv=None) -> Rollout:
+            kv=None, part=(0, 1)) -> Rollout:
     """Draft 1 -> verify -> shifted anchors and (with `carried`) the rejected rows, all anchors at once.
     The one rollout that DVD training (`dvd_loss`) and the decoding diagnostics' replay on recorded
-    sequences (`eval/diagnostics.py`) both run. `kv`: the recorded sequences' K/V if already computed."""
+    sequences (`eval/diagnostics.py`) both run. `kv`: the recorded sequences' K/V if already computed;
+    `part`: the batch is micro-batch (index, count) of the optimizer step's (`anchors.part_rows`)."""
     ids, lm = batch["input_ids"], batch["loss_mask"]
     dc = sc.drafter
-    anchors, keep, nvalid = A.sample_anchors(rng, lm, sc.num_anchors)
+    anchors, keep, nvalid = A.sample_anchors(rng, lm, sc.num_anchors, part)
     blk1 = A.build_blocks(dc, ids, lm, anchors, keep, nvalid)
     if sc.loss.labels == "target":  # draft 1 is accepted as in decoding: against the target's greedy tokens
         blk1 = blk1.replace(labels=target_greedy_labels(sc, target_params, last, blk1))
     if sc.loss.dvd_temperature > 0:  # a sampled recording: draft 1 as speculative sampling would accept it
-        proposals = coupled_proposals(sc, params, target_params, frozen, feats, last, blk1, jax.random.fold_in(rng, 1))
+        proposals = coupled_proposals(sc, params, target_params, frozen, feats, last, blk1, jax.random.fold_in(rng, 1),
+                                      part)
     else:
         proposals = draft_proposals(sc, params, frozen, feats, blk1)
     accepted = accept_counts(proposals, blk1)
@@ -221,7 +223,7 @@ def rollout(sc: StepConfig, params, target_params, frozen, batch, feats, last, r
     return Rollout(blk1, accepted, blk2, keep2, rows, keep, nvalid)
 
 
-def dvd_loss(params, sc: StepConfig, target_params, batch, rng):
+def dvd_loss(params, sc: StepConfig, target_params, batch, rng, part=(0, 1)):
     target_params = jax.lax.stop_gradient(target_params)  # frozen: embedding and head included
     ids = batch["input_ids"]
     dc, n = sc.drafter, sc.num_anchors
@@ -233,7 +235,8 @@ def dvd_loss(params, sc: StepConfig, target_params, batch, rng):
     else:
         feats, last = batch_features(sc, target_params, batch)
     frozen = frozen_from_target(target_params, sc.target)
-    r = rollout(sc, params, target_params, frozen, batch, feats, last, rng, carried=sc.loss.mode == "dvd", kv=kv)
+    r = rollout(sc, params, target_params, frozen, batch, feats, last, rng, carried=sc.loss.mode == "dvd", kv=kv,
+                part=part)
     loss, metrics = block_loss(params, sc, target_params, frozen, ids, feats, last, r.blk2, r.carried)
     if sc.loss.mode == "dvd" and sc.loss.off_metrics:  # the same draft 2 with the carried rows withheld
         _, off = block_loss(jax.lax.stop_gradient(params), sc, target_params, frozen, ids, feats, last, r.blk2)

@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from carryover_jax.config import DrafterConfig, TrainConfig
-from carryover_jax.errors import CarryoverError
+from carryover_jax.errors import CarryoverError, ConfigError
 from carryover_jax.io import atomic_write_json
 from carryover_jax.loading import default_mask_token_id, load_drafter, load_target
 from carryover_jax.models.drafter import frozen_from_target, init_drafter_params, with_draft_head
@@ -25,7 +25,7 @@ from carryover_jax.train.faults import (
 )
 from carryover_jax.train.distributed import is_main, maybe_initialize
 from carryover_jax.train.pipeline import make_train_iter
-from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, put_batch
+from carryover_jax.train.sharding import BATCH, LOGICAL_RULES, make_mesh, put_batch
 from carryover_jax.train.step import (
     compile_step, drafter_shardings, init_state, lr_schedule, make_optimizer, state_shardings, step_config,
     target_shardings,
@@ -64,6 +64,34 @@ def total_steps(cfg: TrainConfig, num_records: int) -> int:
     if per_epoch < 1:
         raise CarryoverError(f"{num_records} records cannot fill one batch of {cfg.batch_size}")
     return cfg.epochs * per_epoch
+
+
+def micro_batch(cfg: TrainConfig, mesh) -> int:
+    """Sequences per process of one micro-step: batch_size / grad_accum_steps (the whole batch without
+    accumulation) over the processes, which must also split over the mesh's batch axes."""
+    micro = cfg.batch_size // cfg.grad_accum_steps
+    shards = int(np.prod([mesh.shape[a] for a in BATCH]))
+    if micro % shards:
+        what = f"batch_size / grad_accum_steps = {micro}" if cfg.grad_accum_steps > 1 else f"batch_size {micro}"
+        raise ConfigError(f"{what} sequences do not split over the mesh's data x fsdp = {shards} devices")
+    if micro % jax.process_count():
+        raise CarryoverError(f"{micro} sequences per micro-step do not split over {jax.process_count()} processes")
+    return micro // jax.process_count()
+
+
+# an optimizer step's metrics over its micro-steps: the mean, except counts (summed) and the gradient norm
+# (the last micro-step's is the accumulated gradient's)
+_SUMMED, _LAST = ("supervised_tokens",), ("grad_norm",)
+
+
+def window_metrics(micro: list[dict]) -> dict:
+    if len(micro) == 1:
+        return micro[0]
+    out = {}
+    for k in micro[0]:
+        total = sum(m[k] for m in micro)
+        out[k] = micro[-1][k] if k in _LAST else total if k in _SUMMED else total / len(micro)
+    return out
 
 
 def _host_metrics(m: dict) -> dict:
@@ -120,10 +148,8 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
     steps = total_steps(cfg, len(store))
     optimizer = make_optimizer(cfg, steps)
     schedule = lr_schedule(cfg, steps)  # for logging
-    if cfg.batch_size % jax.process_count():
-        raise CarryoverError(f"batch_size {cfg.batch_size} does not split over {jax.process_count()} processes")
-    local_batch = cfg.batch_size // jax.process_count()
     mesh = make_mesh(cfg.mesh)
+    local_micro = micro_batch(cfg, mesh)
     if is_main():
         atomic_write_json(out / "train_config.json", dataclasses.asdict(cfg))
     with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
@@ -134,7 +160,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
         check_disk_space(out, state)  # a full disk fails now, not at the first save
         ssh = state_shardings(state, psh, mesh)
         data_iter = make_train_iter(
-            cfg.data, store, batch_size=local_batch, seed=cfg.seed, process_index=jax.process_index(),
+            cfg.data, store, batch_size=local_micro, seed=cfg.seed, process_index=jax.process_index(),
             process_count=jax.process_count(), with_features=cfg.features == "store",
         )
         ckpt = Checkpointer(out / "checkpoints", save_every=cfg.save_every, keep=cfg.keep_checkpoints,
@@ -159,14 +185,21 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
                     print(f"train: stopped by {stop.name} after step {step}; checkpoint saved in {ckpt.directory}; "
                           "re-run the same command to resume", file=sys.stderr)
                     break
-                batch = next(data_iter)
-                batch = {k: np.asarray(v) for k, v in batch.items() if k in BATCH_KEYS}
-                if on_batch is not None:
-                    on_batch(step + 1, batch)
+                # the step's micro-batches (one without accumulation), read before any runs: a checkpoint
+                # (only ever between steps) then holds the iterator at a window boundary
+                micro = [{k: np.asarray(v) for k, v in next(data_iter).items() if k in BATCH_KEYS}
+                         for _ in range(cfg.grad_accum_steps)]
+                if on_batch is not None:  # the step's rows (one process: the batch without accumulation)
+                    on_batch(step + 1, micro[0] if len(micro) == 1 else
+                             {k: np.concatenate([b[k] for b in micro]) for k in micro[0]})
                 if step_fn is None:
-                    step_fn = compile_step(sc, optimizer, mesh, ssh, tsh, {k: v.ndim for k, v in batch.items()})
-                state, metrics = step_fn(state, target_params, put_batch(batch, mesh))
-                tokens += int(batch["loss_mask"].sum()) * jax.process_count()
+                    step_fn = compile_step(sc, optimizer, mesh, ssh, tsh, {k: v.ndim for k, v in micro[0].items()})
+                micro_metrics = []
+                for batch in micro:
+                    state, m = step_fn(state, target_params, put_batch(batch, mesh))
+                    micro_metrics.append(m)
+                    tokens += int(batch["loss_mask"].sum()) * jax.process_count()
+                metrics = window_metrics(micro_metrics)
                 done = step + 1
                 guard.record(done, metrics)
                 if done % cfg.log_every == 0 or done == steps:

@@ -108,12 +108,13 @@ def batch_features(sc: StepConfig, target_params, batch):
     return target_features(sc, target_params, batch["input_ids"])
 
 
-def baseline_loss(params, sc: StepConfig, target_params, batch, rng):
-    """Baseline parallel training: N sampled anchors per sequence, no carried rows."""
+def baseline_loss(params, sc: StepConfig, target_params, batch, rng, part=(0, 1)):
+    """Baseline parallel training: N sampled anchors per sequence, no carried rows. `part`: the batch is
+    micro-batch (index, count) of the optimizer step's (`anchors.part_rows`)."""
     target_params = jax.lax.stop_gradient(target_params)  # frozen: embedding and head included
     ids, lm = batch["input_ids"], batch["loss_mask"]
     feats, last = batch_features(sc, target_params, batch)
-    anchors, keep, nvalid = A.sample_anchors(rng, lm, sc.num_anchors)
+    anchors, keep, nvalid = A.sample_anchors(rng, lm, sc.num_anchors, part)
     blk = A.build_blocks(sc.drafter, ids, lm, anchors, keep, nvalid)
     frozen = frozen_from_target(target_params, sc.target)
     terms = block_terms(params, sc, target_params, frozen, ids, feats, last, blk)

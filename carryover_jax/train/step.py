@@ -44,10 +44,16 @@ def lr_schedule(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
 
 
 def make_optimizer(cfg: TrainConfig, total_steps: int) -> optax.GradientTransformation:
-    return optax.chain(
+    """AdamW after global-norm clipping; with `grad_accum_steps` = k > 1 wrapped in `optax.MultiSteps`: k
+    calls (micro-steps) accumulate the mean gradient, and only the k-th clips it and updates, so Adam's
+    count and the schedule (`total_steps`) advance per optimizer step."""
+    opt = optax.chain(
         optax.clip_by_global_norm(cfg.grad_clip),
         optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
     )
+    if cfg.grad_accum_steps == 1:
+        return opt  # no accumulator in the state: checkpoints of runs without accumulation keep their layout
+    return optax.MultiSteps(opt, every_k_schedule=cfg.grad_accum_steps).gradient_transformation()
 
 
 def init_state(params, optimizer, seed: int) -> TrainState:
@@ -55,17 +61,32 @@ def init_state(params, optimizer, seed: int) -> TrainState:
                       rng=jax.random.key_data(jax.random.key(seed)))
 
 
-def loss_fn(params, sc: StepConfig, target_params, batch, rng):
-    return (baseline_loss if sc.loss.mode == "baseline" else dvd_loss)(params, sc, target_params, batch, rng)
+def loss_fn(params, sc: StepConfig, target_params, batch, rng, part=(0, 1)):
+    return (baseline_loss if sc.loss.mode == "baseline" else dvd_loss)(params, sc, target_params, batch, rng, part)
 
 
 def train_step(sc: StepConfig, optimizer, state: TrainState, target_params, batch):
+    """One optimizer step on `batch`, or with `sc.grad_accum_steps` = k > 1 one micro-step of it: `batch` is
+    micro-batch `opt_state.mini_step` of the step's k. The k micro-steps of a window share the step's RNG
+    draw (it advances once the window closes) and each takes its rows of draws made for the whole batch,
+    so every row gets the anchors (and DVD draws) of the undivided step. `step` counts optimizer steps;
+    `grad_norm` is the norm of the window's mean gradient so far (at its k-th micro-step: the one clipped)."""
+    k = sc.grad_accum_steps
+    micro = state.opt_state.mini_step if k > 1 else 0
     rng, sub = jax.random.split(jax.random.wrap_key_data(state.rng))
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, sc, target_params, batch, sub)
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, sc, target_params, batch, sub,
+                                                                    (micro, k))
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics["grad_norm"] = optax.global_norm(grads)
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=jax.random.key_data(rng)), metrics
+    params = optax.apply_updates(state.params, updates)  # zeros until the window's last micro-step
+    if k == 1:
+        metrics["grad_norm"] = optax.global_norm(grads)
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                          rng=jax.random.key_data(rng)), metrics
+    acc = state.opt_state.acc_grads  # MultiSteps' running mean of the window's gradients before this one
+    metrics["grad_norm"] = optax.global_norm(jax.tree.map(lambda a, g: a + (g - a) / (micro + 1), acc, grads))
+    closed = micro == k - 1
+    return TrainState(step=state.step + closed.astype(state.step.dtype), params=params, opt_state=opt_state,
+                      rng=jnp.where(closed, jax.random.key_data(rng), state.rng)), metrics
 
 
 # ---- sharded compilation ------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ class StepConfig:
     remat: bool = False
     top_k: int = 0
     top_p: float = 1.0
+    grad_accum_steps: int = 1  # micro-steps per optimizer step (the step's batch is one of them: `anchors.part_rows`)
 
 
 def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: DrafterConfig, *,
@@ -38,4 +39,5 @@ def step_config(cfg: TrainConfig, target_cfg: TargetConfig, drafter_cfg: Drafter
     num = cfg.run_numerics() if numerics is None else numerics
     return StepConfig(target=target_cfg.with_numerics(num), drafter=drafter_cfg.with_numerics(num),
                       loss=cfg.step_loss, num_anchors=cfg.num_anchors, remat=cfg.remat,
-                      top_k=cfg.data.top_k, top_p=cfg.data.top_p)
+                      top_k=cfg.data.top_k, top_p=cfg.data.top_p,
+                      grad_accum_steps=cfg.grad_accum_steps)
