@@ -210,7 +210,7 @@ def test_bad_input_errors(tmp_path):
         DrafterConfig.for_target(TINY_TARGET, mask_token_id=5, target_layer_ids=(1, 5))
     with pytest.raises(ConfigError, match="out of range"):
         DrafterConfig.for_target(TINY_TARGET, mask_token_id=5, target_layer_ids=(1, 9))
-    with pytest.raises(ConfigError, match="out of range"):
+    with pytest.raises(ConfigError, match=r"target_layer_ids must hold integers in \[-1, "):
         DrafterConfig.for_target(TINY_TARGET, mask_token_id=5, target_layer_ids=(-2, 1))
     with pytest.raises(ConfigError, match="strictly increasing"):
         DrafterConfig.for_target(TINY_TARGET, mask_token_id=5, target_layer_ids=(3, 1))

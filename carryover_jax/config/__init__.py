@@ -11,10 +11,11 @@ from carryover_jax.config.overrides import apply_overrides
 from carryover_jax.config.presets import PRESETS, preset
 from carryover_jax.config.target import FAMILIES, LAYER_TYPES, LEGACY_NUMERICS_FIELDS, TargetConfig
 from carryover_jax.config.train import CARRY_INTERFACES, DataConfig, LossConfig, MeshConfig, TrainConfig
+from carryover_jax.numerics import Numerics  # a config's numerics field (the repr of a TrainConfig names it)
 
 __all__ = [
     "CARRY_INTERFACES", "DRAFTER_KINDS", "FAMILIES", "LAYER_TYPES", "LAYOUTS", "LEGACY_NUMERICS_FIELDS",
     "MASK_TOKEN_IDS", "PRESETS",
-    "DataConfig", "DrafterConfig", "DrafterSpec", "LossConfig", "MeshConfig", "TargetConfig", "TrainConfig",
+    "DataConfig", "DrafterConfig", "DrafterSpec", "LossConfig", "MeshConfig", "Numerics", "TargetConfig", "TrainConfig",
     "apply_overrides", "gemma_draft_backbone", "preset", "zlab_layer_ids",
 ]

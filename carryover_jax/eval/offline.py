@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from carryover_jax.config import DrafterConfig, TargetConfig
+from carryover_jax.config import DrafterConfig, LossConfig, TargetConfig
 from carryover_jax.decode.generate import generate
 from carryover_jax.decode.sampling import probs
 from carryover_jax.errors import CarryoverError
@@ -126,8 +126,8 @@ def record_rollouts(target, items, *, max_new_tokens: int, temperatures: Sequenc
 # ---- the teacher-forced pass ----------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class OfflineConfig:
-    """Static settings of one scoring call (hashable: a jit static argument). `drafter`/`loss_chunk` are
-    the fields training's `draft_proposals` reads from its StepConfig."""
+    """Static settings of one scoring call (hashable: a jit static argument). `drafter` and `loss` are what
+    training's `draft_proposals` reads from its StepConfig."""
 
     target: TargetConfig
     drafter: DrafterConfig
@@ -135,6 +135,10 @@ class OfflineConfig:
     top_k: int = 0
     top_p: float = 1.0
     loss_chunk: int = 1024  # rows of vocabulary-sized logits at a time
+
+    @property
+    def loss(self) -> LossConfig:
+        return LossConfig(chunk_rows=self.loss_chunk)
 
 
 @functools.partial(jax.jit, static_argnames=("tc", "layer_ids", "sampling", "top_k", "top_p", "chunk"))
