@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from carryover_jax.config import DataConfig, DrafterConfig, DrafterSpec, LossConfig, TargetConfig, TrainConfig
+from carryover_jax.config import DataConfig, DrafterConfig, LossConfig, TargetConfig, TrainConfig
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.drafter import frozen_from_target, init_drafter_params
 from carryover_jax.models.target import init_params
@@ -17,6 +17,7 @@ from carryover_jax.train.dvd import rollout
 from carryover_jax.train.losses import target_features
 from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
 from tests.synthetic import synthetic_store
+from tests.test_train_loop import _cfg as loop_cfg
 
 TCFG = TargetConfig(family="qwen3", vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
                     num_kv_heads=2, head_dim=16, qk_norm=True)
@@ -120,16 +121,8 @@ def store(tmp_path_factory):
 
 
 def _cfg(tiny_llama, store, out, **kw):
-    base = dict(
-        target=str(tiny_llama.path),
-        drafter=DrafterSpec(kind="markov", layout="deepspec", num_proposals=3, num_layers=1, target_layer_ids=(0, 1),
-                            mask_token_id=4, markov_rank=4),
-        data=DataConfig(store=str(store), max_len=32, min_loss_tokens=2),
-        out_dir=str(out), batch_size=16, grad_accum_steps=2, num_anchors=4, steps=6, log_every=1, save_every=2,
-        keep_checkpoints=5, async_checkpointing=False, lr=3e-3,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+    """test_train_loop's run, 16 sequences per optimizer step in 2 micro-steps."""
+    return loop_cfg(tiny_llama, store, out, **{"batch_size": 16, "grad_accum_steps": 2, "steps": 6, **kw})
 
 
 def _metrics(out):
