@@ -91,3 +91,20 @@ def _release_compiled_programs():
     (SIGSEGV while compiling the sharded train step) late in such a run."""
     yield
     jax.clear_caches()
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """A persistent XLA cache for a module's training runs (in process and in subprocesses): runs that compile
+    the same step re-use it (~15 s each). Restored to off afterwards."""
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    d = str(tmp_path_factory.mktemp("xla_cache"))
+    old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    jax.config.update("jax_compilation_cache_dir", d)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    cc.reset_cache()
+    yield d
+    jax.config.update("jax_compilation_cache_dir", old[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+    cc.reset_cache()

@@ -718,24 +718,6 @@ def _losses(out: Path) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    """A persistent XLA cache for this module's training runs (in process and in the subprocess): the four
-    runs compile the same step, and re-using it saves ~15 s each. Restored to off afterwards."""
-    import jax
-    from jax.experimental.compilation_cache import compilation_cache as cc
-
-    d = str(tmp_path_factory.mktemp("xla_cache"))
-    old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
-    jax.config.update("jax_compilation_cache_dir", d)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    cc.reset_cache()
-    yield d
-    jax.config.update("jax_compilation_cache_dir", old[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
-    cc.reset_cache()
-
-
-@pytest.fixture(scope="module")
 def reference_run(base, compile_cache, tmp_path_factory):
     """An uninterrupted tiny training run: the losses the interrupted ones must reproduce."""
     from carryover_jax.train.loop import train
@@ -841,7 +823,7 @@ def test_fault_full_disk_fails_before_training(env, monkeypatch, capsys):
     import carryover_jax.train.faults as faults
 
     monkeypatch.setattr(faults.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10 << 30, 10 << 30, 1 << 20))
-    rc, err = _run_cli(train_args(env), capsys)
+    rc, err = _run_cli(train_args(env, "--set", "batch_size=8"), capsys)  # 8 sequences split over 8 devices
     assert rc == 2 and "Traceback" not in err
     assert re.search(r"carryover train: error: the output folder .*run has 1\.0 MiB free; checkpoints of this run "
                      r"need about [\d.]+ MiB", err), err
