@@ -95,8 +95,9 @@ def _release_compiled_programs():
 
 @pytest.fixture(scope="module")
 def compile_cache(tmp_path_factory):
-    """A persistent XLA cache for a module's training runs (in process and in subprocesses): runs that compile
-    the same step re-use it (~15 s each). Restored to off afterwards."""
+    """A persistent XLA cache of the module's own for its training runs (in process and in subprocesses, which
+    get its path): runs that compile the same step re-use it (~15 s each). The suite's cache above (CPU
+    machines) or none is restored afterwards."""
     from jax.experimental.compilation_cache import compilation_cache as cc
 
     d = str(tmp_path_factory.mktemp("xla_cache"))
