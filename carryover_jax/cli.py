@@ -261,7 +261,7 @@ def _cmd_bench(args) -> int:
             from carryover_jax.bench import torch_decode
 
             result = torch_decode.run(target, drafter, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                                      zlab=args.zlab)
+                                      zlab=args.zlab, repeats=args.repeats)
             print(torch_decode.format_table(result))
             _write_result(result, args.out)
             return 0
