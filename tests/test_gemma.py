@@ -10,6 +10,7 @@ import transformers
 from carryover_jax import ConfigError, generate, load_target
 from carryover_jax.models.target import new_cache
 from tests.hf_models import hf_forward, hf_greedy
+from tests.jitted import jit_apply
 
 ATOL = 1e-4
 WINDOW = 5
@@ -79,7 +80,7 @@ def _ids(rng, b, t):
 
 
 def _full(target, ids):
-    return np.asarray(target.model.apply({"params": target.params}, jnp.asarray(ids))[0])
+    return np.asarray(jit_apply(target.model)({"params": target.params}, jnp.asarray(ids))[0])
 
 
 def test_config_switches(gemma3, gemma4):
@@ -98,7 +99,7 @@ def test_logits_and_taps_match_transformers(gemma):
     ids = _ids(np.random.default_rng(0), 2, 13)  # longer than the window
     ref_logits, ref_hidden = hf_forward(hf, ids)
     tap_ids = (-1, 0, 1, 2, 3)
-    logits, _, taps = target.model.apply({"params": target.params}, jnp.asarray(ids), tap_layers=tap_ids)
+    logits, _, taps = jit_apply(target.model)({"params": target.params}, jnp.asarray(ids), tap_layers=tap_ids)
     np.testing.assert_allclose(np.asarray(logits), ref_logits, atol=ATOL, rtol=1e-4)
     for lid, tap in zip(tap_ids, taps):
         np.testing.assert_allclose(np.asarray(tap), ref_hidden[lid + 1], atol=ATOL, rtol=1e-4)
@@ -116,13 +117,13 @@ def test_greedy_generation_matches_transformers(gemma):
 
 def test_prefill_then_chunks_equals_full_forward(gemma):
     target = load_target(gemma[0], tokenizer=False)
-    m, p = target.model, {"params": target.params}
+    m, p = jit_apply(target.model), {"params": target.params}
     ids = _ids(np.random.default_rng(2), 2, 17)
     full = _full(target, ids)
     cache = new_cache(target.cfg, 2, 32)
     pieces = []
     for lo, hi in [(0, 6), (6, 7), (7, 12), (12, 13), (13, 17)]:  # prefill, AR step, verify-sized chunks
-        logits, cache, _ = m.apply(p, jnp.asarray(ids[:, lo:hi]), cache=cache)
+        logits, cache, _ = m(p, jnp.asarray(ids[:, lo:hi]), cache=cache)
         pieces.append(np.asarray(logits))
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=ATOL, rtol=1e-4)
 
@@ -132,15 +133,15 @@ def test_rollback_across_the_window_equals_fresh_run(gemma):
     one none), and the continuation equals a fresh forward: the rejected K/V that the window
     would have pushed out of a ring buffer must not be seen, the committed ones must."""
     target = load_target(gemma[0], tokenizer=False)
-    m, p = target.model, {"params": target.params}
+    m, p = jit_apply(target.model), {"params": target.params}
     rng = np.random.default_rng(3)
     ids, rejected, cont = _ids(rng, 2, 6), _ids(rng, 2, WINDOW + 3), _ids(rng, 2, 4)
     cache = new_cache(target.cfg, 2, 32)
-    _, cache, _ = m.apply(p, jnp.asarray(ids), cache=cache)
-    _, cache, _ = m.apply(p, jnp.asarray(rejected), cache=cache)
+    _, cache, _ = m(p, jnp.asarray(ids), cache=cache)
+    _, cache, _ = m(p, jnp.asarray(rejected), cache=cache)
     keep = np.array([2, 0])
     cache = cache.with_lengths(jnp.asarray(6 + keep))
-    logits, cache, _ = m.apply(p, jnp.asarray(cont), cache=cache)
+    logits, cache, _ = m(p, jnp.asarray(cont), cache=cache)
     for row in range(2):
         seq = np.concatenate([ids[row], rejected[row, : keep[row]], cont[row]])[None]
         np.testing.assert_allclose(np.asarray(logits)[row], _full(target, seq)[0, -4:], atol=ATOL, rtol=1e-4)
@@ -296,7 +297,7 @@ def test_dvd_verification_on_gemma_equals_sequential_forwards(gemma):
             s_n = int(anchors[i, n])
             seq = np.concatenate([np.asarray(ids[i, :s_n + 1]), np.asarray(props[i, n])])
             seq = np.pad(seq, (0, 24 - len(seq)), constant_values=5)[None]  # causal: the padding is unseen
-            _, _, taps = target.model.apply({"params": target.params}, jnp.asarray(seq), tap_layers=layers)
+            _, _, taps = jit_apply(target.model)({"params": target.params}, jnp.asarray(seq), tap_layers=layers)
             ref = np.concatenate([np.asarray(t) for t in taps], -1)[0, s_n:s_n + 4]
             np.testing.assert_allclose(feats[i, n], ref, atol=ATOL, rtol=1e-4)
             checked += s_n + 4 > WINDOW  # blocks whose queries reach past the window
@@ -422,7 +423,7 @@ def test_gemma4_drafter_equals_a_deepspec_style_pytorch_forward(gemma4, tmp_path
     fpos = np.arange(s)[None].astype(np.int32)
     tokens = np.array([[17] + [cfg.mask_token_id] * (t - 1)], np.int32)
     pos = (s + np.arange(t))[None].astype(np.int32)
-    ours = Drafter(cfg).apply({"params": params}, jnp.asarray(tokens), jnp.asarray(pos), frozen, jnp.asarray(features),
+    ours = jit_apply(Drafter(cfg))({"params": params}, jnp.asarray(tokens), jnp.asarray(pos), frozen, jnp.asarray(features),
                               jnp.asarray(fpos), jnp.ones((1, t, s), bool))
     ref = _deepspec_gemma4_reference(out, tokens, pos, features, fpos)
     np.testing.assert_allclose(np.asarray(ours), ref, atol=ATOL, rtol=1e-4)

@@ -8,6 +8,7 @@ import pytest
 from carryover_jax import load_target
 from carryover_jax.models.target import new_cache
 from tests.hf_models import hf_forward
+from tests.jitted import jit_apply
 
 ATOL = 1e-4
 
@@ -21,7 +22,7 @@ def test_logits_and_taps_match_transformers(tiny_model):
     ids = _ids(np.random.default_rng(0), 2, 11)
     ref_logits, ref_hidden = hf_forward(tiny_model.hf, ids)
     taps_ids = (-1, 0, 1)
-    logits, cache, taps = target.model.apply({"params": target.params}, jnp.asarray(ids), tap_layers=taps_ids)
+    logits, cache, taps = jit_apply(target.model)({"params": target.params}, jnp.asarray(ids), tap_layers=taps_ids)
     assert cache is None
     np.testing.assert_allclose(np.asarray(logits), ref_logits, atol=ATOL, rtol=1e-4)
     for lid, tap in zip(taps_ids, taps):
@@ -32,25 +33,25 @@ def test_final_layer_tap_is_pre_norm(tiny_llama):
     target = load_target(tiny_llama.path, tokenizer=False)
     ids = _ids(np.random.default_rng(1), 1, 5)
     _, ref_hidden = hf_forward(tiny_llama.hf, ids)
-    _, _, (last,) = target.model.apply({"params": target.params}, jnp.asarray(ids), tap_layers=(2,))
+    _, _, (last,) = jit_apply(target.model)({"params": target.params}, jnp.asarray(ids), tap_layers=(2,))
     # HF's last hidden state has the final norm applied; ours is the raw residual stream.
-    normed = target.model.apply({"params": target.params}, last, method=lambda m, h: m.norm(h))
+    normed = jit_apply(target.model)({"params": target.params}, last, method=lambda m, h: m.norm(h))
     np.testing.assert_allclose(np.asarray(normed), ref_hidden[-1], atol=ATOL, rtol=1e-4)
 
 
 def _full(target, ids):
-    return np.asarray(target.model.apply({"params": target.params}, jnp.asarray(ids))[0])
+    return np.asarray(jit_apply(target.model)({"params": target.params}, jnp.asarray(ids))[0])
 
 
 def test_prefill_then_chunks_equals_full_forward(tiny_model):
     target = load_target(tiny_model.path, tokenizer=False)
-    m, p = target.model, {"params": target.params}
+    m, p = jit_apply(target.model), {"params": target.params}
     ids = _ids(np.random.default_rng(2), 2, 14)
     full = _full(target, ids)
     cache = new_cache(target.cfg, 2, 32)
     pieces = []
     for lo, hi in [(0, 6), (6, 7), (7, 11), (11, 14)]:  # prefill, AR step, verify-sized chunks
-        logits, cache, _ = m.apply(p, jnp.asarray(ids[:, lo:hi]), cache=cache)
+        logits, cache, _ = m(p, jnp.asarray(ids[:, lo:hi]), cache=cache)
         pieces.append(np.asarray(logits))
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=ATOL, rtol=1e-4)
     assert np.asarray(cache.lengths).tolist() == [14, 14]
@@ -58,18 +59,18 @@ def test_prefill_then_chunks_equals_full_forward(tiny_model):
 
 def test_rollback_then_continue_equals_fresh_run(tiny_model):
     target = load_target(tiny_model.path, tokenizer=False)
-    m, p = target.model, {"params": target.params}
+    m, p = jit_apply(target.model), {"params": target.params}
     rng = np.random.default_rng(3)
     ids = _ids(rng, 2, 8)
     rejected = _ids(rng, 2, 5)
     cont = _ids(rng, 2, 4)
     cache = new_cache(target.cfg, 2, 32)
-    _, cache, _ = m.apply(p, jnp.asarray(ids), cache=cache)
-    _, cache, _ = m.apply(p, jnp.asarray(rejected), cache=cache)  # e.g. a rejected draft block
+    _, cache, _ = m(p, jnp.asarray(ids), cache=cache)
+    _, cache, _ = m(p, jnp.asarray(rejected), cache=cache)  # e.g. a rejected draft block
     # keep 2 of the 5 on row 0 and none on row 1
     keep = np.array([2, 0])
     cache = cache.with_lengths(jnp.asarray(8 + keep))
-    logits, cache, _ = m.apply(p, jnp.asarray(cont), cache=cache)
+    logits, cache, _ = m(p, jnp.asarray(cont), cache=cache)
     assert np.asarray(cache.lengths).tolist() == (8 + keep + 4).tolist()
     for row in range(2):
         prefix = np.concatenate([ids[row], rejected[row, : keep[row]]])
@@ -120,8 +121,8 @@ def test_bf16_forward_close_to_float32(tiny_qwen3):
     bf = load_target(tiny_qwen3.path, tokenizer=False, dtype="bfloat16")
     assert jax.tree_util.tree_leaves(bf.params)[0].dtype == jnp.bfloat16
     ids = jnp.asarray(_ids(np.random.default_rng(5), 1, 9))
-    a = f32.model.apply({"params": f32.params}, ids)[0]
-    b = bf.model.apply({"params": bf.params}, ids)[0]
+    a = jit_apply(f32.model)({"params": f32.params}, ids)[0]
+    b = jit_apply(bf.model)({"params": bf.params}, ids)[0]
     assert b.dtype == jnp.float32
     assert float(jnp.mean(jnp.argmax(a, -1) == jnp.argmax(b, -1))) > 0.7
 
