@@ -1,6 +1,8 @@
 """DVD training against independent references: sequential target forwards, slow per-anchor loops,
 the decode-time drafter, and a baseline step at the shifted anchors."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,9 +53,23 @@ block_loss_and_grad = jax.jit(jax.value_and_grad(block_loss, has_aux=True), stat
 
 
 @jax.jit
+def _logits(tp, ids):
+    return TargetLM(TCFG).apply({"params": tp}, ids)[0]
+
+
+@jax.jit
 def _feats(tp, ids):
     taps, last = TargetLM(TCFG).apply({"params": tp}, ids, LAYERS, method=TargetLM.features)
     return jnp.concatenate(taps, -1), last
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _decode_time_proposals(dc, seq_len, params, frozen, feats, s_n, anchor):
+    """The decode engine's proposals for one block: the row's context rows up to s_n cached, then drafted."""
+    cache = new_context_cache(dc, 1, seq_len + dc.block_size)
+    cache = append_rows(dc, params, cache, fuse_rows(dc, params, feats), s_n)
+    z = draft_block_logits(dc, params, frozen, cache, anchor)
+    return sequential_proposals(dc, params, z, anchor, None, None, sampling=False)[0]
 
 
 def _planted_proposals(ids, blk, rng):
@@ -149,11 +165,8 @@ def test_draft1_is_the_decode_time_drafter_and_control_is_a_baseline_step_at_shi
             if not keep[i, n]:
                 continue
             s_n = int(anchors[i, n])
-            cache = new_context_cache(dc, 1, s + dc.block_size)
-            cache = append_rows(dc, params, cache, fuse_rows(dc, params, feats[i:i + 1]), jnp.asarray([s_n]))
-            anchor = jnp.asarray([ids_np[i, s_n]])
-            z = draft_block_logits(dc, params, frozen, cache, anchor)
-            want = np.asarray(sequential_proposals(dc, params, z, anchor, None, None, sampling=False)[0])[0]
+            want = np.asarray(_decode_time_proposals(dc, s, params, frozen, feats[i:i + 1], jnp.asarray([s_n]),
+                                                     jnp.asarray([ids_np[i, s_n]])))[0]
             np.testing.assert_array_equal(got[i, n], want)
             a = 0
             while a < p and s_n + 1 + a < s and lm_np[i, s_n + 1 + a] and want[a] == ids_np[i, s_n + 1 + a]:
@@ -216,8 +229,7 @@ def test_token_interfaces_embed_through_the_frozen_embedding():
     out = {}
     for carry in ("draft_tokens", "target_tokens"):
         sc = _sc(dc, carry=carry)
-        out[carry] = np.asarray(dvd.carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2)[0])
-    tm = TargetLM(TCFG)
+        out[carry] = np.asarray(carried_rows(sc, tp, ids, anchors, keep, props, acc, a2, k2)[0])
     checked = 0
     for i in range(2):
         for n in range(5):
@@ -226,8 +238,9 @@ def test_token_interfaces_embed_through_the_frozen_embedding():
                 continue
             checked += 1
             assert out["draft_tokens"][i, n * p] == int(props[i, n, a])  # the first rejected draft token
-            seq = jnp.concatenate([ids[i, :s_n + 1], props[i, n]])[None]
-            logits = tm.apply({"params": tp}, seq)[0][0]
+            seq = np.concatenate([ids[i, :s_n + 1], props[i, n]])
+            # one padded length (one compile): the causal prefix does not see the padding
+            logits = _logits(tp, jnp.asarray(np.pad(seq, (0, ids.shape[1] + p - len(seq)))[None]))[0]
             assert out["target_tokens"][i, n * p] == int(jnp.argmax(logits[s_n + a + 1]))
     assert checked >= 3  # the comparison really ran
 
@@ -399,7 +412,7 @@ def test_target_labels_judge_draft1_against_the_targets_greedy_tokens(monkeypatc
     feats, last = _feats(tp, ids)
     anchors, keep, nvalid = sample_anchors(rng, lm, 5)
     blk = build_blocks(dc, ids, lm, anchors, keep, nvalid)
-    greedy = np.argmax(np.asarray(TargetLM(TCFG).apply({"params": tp}, ids)[0]), axis=-1)  # token for position j+1
+    greedy = np.argmax(np.asarray(_logits(tp, ids)), axis=-1)  # token for position j+1
     idx = np.clip(np.asarray(blk.label_idx) - 1, 0, ids.shape[1] - 1)
     want = np.stack([greedy[i][idx[i]] for i in range(ids.shape[0])])
     np.testing.assert_array_equal(jax.jit(target_greedy_labels, static_argnums=0)(sc, tp, last, blk), want)
@@ -411,5 +424,5 @@ def test_target_labels_judge_draft1_against_the_targets_greedy_tokens(monkeypatc
     assert (acc * k).sum() >= k.sum() and (np.asarray(dvd.accept_counts(jnp.asarray(props), blk)) * k).sum() < k.sum()
     # inside the DVD step: the same acceptance when draft 1 proposes these tokens
     monkeypatch.setattr(dvd, "draft_proposals", lambda *a, **kw: jnp.asarray(props))
-    _, m = dvd.dvd_loss(params, sc, tp, {"input_ids": ids, "loss_mask": lm}, rng)
+    _, m = jax.jit(dvd.dvd_loss, static_argnums=1)(params, sc, tp, {"input_ids": ids, "loss_mask": lm}, rng)
     assert float(m["draft1/accept_mean"]) == pytest.approx((acc * k).sum() / k.sum())
