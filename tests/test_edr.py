@@ -97,19 +97,19 @@ def test_edr_step_gradient_is_the_gradient_of_expected_rounds(kind):
         alpha = block_terms(p, sc, tp, frozen, ids, feats, last, blk)[2] * blk.eval_mask * cand[..., None]
         return edr.batch_rounds(alpha, cand)
 
-    step_grad = jax.jit(jax.grad(lambda p: baseline_loss(p, sc, tp, batch, jax.random.key(3))[0]))(params)
+    (_, metrics), step_grad = jax.jit(jax.value_and_grad(
+        lambda p: baseline_loss(p, sc, tp, batch, jax.random.key(3)), has_aux=True))(params)
+    r = jax.jit(rounds)
     exact = jax.jit(jax.grad(rounds))(params)
     for g, e in zip(jax.tree_util.tree_leaves(step_grad), jax.tree_util.tree_leaves(exact)):
         np.testing.assert_allclose(np.asarray(g) * tokens, np.asarray(e), rtol=1e-3, atol=1e-6)
-    _, metrics = baseline_loss(params, sc, tp, batch, jax.random.key(3))
-    np.testing.assert_allclose(float(metrics["edr/rounds_per_token"]) * tokens, float(rounds(params)), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["edr/rounds_per_token"]) * tokens, float(r(params)), rtol=1e-5)
     # and against R itself: central differences along a random direction (R is piecewise smooth in θ, since
     # alpha = sum min(p, q): a coarse tolerance, small steps)
     leaves, tree = jax.tree_util.tree_flatten(params)
     direction = jax.tree_util.tree_unflatten(
         tree, [jnp.asarray(np.random.default_rng(i).standard_normal(x.shape), x.dtype) for i, x in enumerate(leaves)])
     eps = 1e-3
-    r = jax.jit(rounds)
     shift = lambda sign: jax.tree_util.tree_map(lambda x, d: x + sign * eps * d, params, direction)  # noqa: E731
     fd = (float(r(shift(1))) - float(r(shift(-1)))) / (2 * eps)
     analytic = sum(float(jnp.vdot(g, d)) for g, d in zip(jax.tree_util.tree_leaves(exact),
