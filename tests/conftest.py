@@ -2,6 +2,8 @@ import glob
 import importlib.util
 import os
 
+from tests.xla_flags import cpu_xla_flags
+
 
 def _accelerator_platform() -> str | None:
     """The accelerator platform jax can use on this machine (an NVIDIA device node and a CUDA plugin),
@@ -19,12 +21,10 @@ def _accelerator_platform() -> str | None:
 ACCELERATOR = _accelerator_platform()
 os.environ.setdefault("JAX_PLATFORMS", "cpu" + (f",{ACCELERATOR}" if ACCELERATOR else ""))
 # The tiny models' tests are bound by XLA compile time, not run time (a cache hit runs a decode test in a third
-# of its time). On a CPU-only machine: LLVM's codegen at -O0 without its expensive passes (half the compile
-# time; XLA's HLO passes are unchanged), and one persistent compilation cache per
-# checkout, so a program another test module or worker already compiled is loaded, not rebuilt (the cache's
-# key holds the program, the compile options and the jax version).
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8" + (
-    "" if ACCELERATOR else " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"))
+# of its time). On a CPU-only machine: LLVM's fast codegen (tests/xla_flags.py), and one persistent
+# compilation cache per checkout, so a program another test module or worker already compiled is loaded, not
+# rebuilt (the cache's key holds the program, the compile options and the jax version).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8" if ACCELERATOR else cpu_xla_flags(8))
 if not ACCELERATOR:
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))), ".cache", "jax-tests"))

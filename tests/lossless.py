@@ -12,6 +12,7 @@ from scipy.stats import chisquare
 from carryover_jax import load_target
 from carryover_jax.decode.generate import speculative_generate
 from tests.hf_models import tiny_hf_model
+from tests.jitted import jit_apply
 
 V = 8
 PROMPT = [3, 5, 6, 1]
@@ -25,10 +26,11 @@ def tiny_sampling_target(folder):
 def exact_three_tokens(target) -> np.ndarray:
     """p(x1, x2, x3 | PROMPT) for all V^3 continuations, index x1 V^2 + x2 V + x3."""
     seqs = np.array([PROMPT + list(c) for c in itertools.product(range(V), repeat=3)], np.int32)
-    logp = jax.nn.log_softmax(target.model.apply({"params": target.params}, jnp.asarray(seqs))[0], -1)
+    logp = jax.nn.log_softmax(jit_apply(target.model)({"params": target.params}, jnp.asarray(seqs))[0], -1)
     n0, r = len(PROMPT), np.arange(len(seqs))
+    # float64 from here: chi-square's expected counts must sum to the observed ones within ~1e-8
     exact = np.exp(np.asarray(logp[:, n0 - 1][r, seqs[:, n0]] + logp[:, n0][r, seqs[:, n0 + 1]]
-                              + logp[:, n0 + 1][r, seqs[:, n0 + 2]]))
+                              + logp[:, n0 + 1][r, seqs[:, n0 + 2]], np.float64))
     assert abs(exact.sum() - 1) < 1e-4
     return exact
 

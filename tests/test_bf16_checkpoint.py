@@ -17,6 +17,7 @@ from carryover_jax.decode.generate import speculative_generate
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.numerics import Numerics
 from tests.hf_models import hf_forward, tiny_hf_config
+from tests.jitted import jit_apply
 
 # a bf16 body rounds its hidden states (and verification's P+1 rows round unlike AR's 1 row), which can
 # split a near-tie of the target's logits: where two greedy sequences differ, the first differing tokens
@@ -71,7 +72,7 @@ def test_float32_compute_equals_hf_float32(bf16_ckpt):
     assert {x.dtype for x in jax.tree_util.tree_leaves(target.params)} == {jnp.dtype(jnp.float32)}
     ids = np.random.default_rng(0).integers(3, 97, size=(2, 11)).astype(np.int32)
     want, _ = hf_forward(hf, ids.astype(np.int64))
-    got = np.asarray(target.model.apply({"params": target.params}, jnp.asarray(ids))[0])
+    got = np.asarray(jit_apply(target.model)({"params": target.params}, jnp.asarray(ids))[0])
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
@@ -83,7 +84,7 @@ def test_bf16_compute_keeps_the_checkpoint_and_follows_float32(bf16_ckpt):
     # the bf16 params are the file's values bit for bit (no round trip through another dtype)
     for a, b in zip(jax.tree_util.tree_leaves(bf.params), jax.tree_util.tree_leaves(f32.params)):
         assert a.dtype == jnp.bfloat16 and np.array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b))
-    logits = bf.model.apply({"params": bf.params}, jnp.ones((1, 4), jnp.int32))[0]
+    logits = jit_apply(bf.model)({"params": bf.params}, jnp.ones((1, 4), jnp.int32))[0]
     assert logits.dtype == jnp.float32
     prompts = _prompts()
     want = generate(f32, prompts, max_new_tokens=MAX_NEW, stop_token_ids=[])
@@ -101,7 +102,7 @@ def _matched_until_a_tie(f32, prompt, a, b) -> int:
     if i is None:
         assert a == b
         return len(a)
-    logits = np.asarray(f32.model.apply({"params": f32.params}, jnp.asarray([prompt + a[:i]]))[0][0, -1])
+    logits = np.asarray(jit_apply(f32.model)({"params": f32.params}, jnp.asarray([prompt + a[:i]]))[0][0, -1])
     margin = abs(float(logits[a[i]] - logits[b[i]]))
     assert margin < TIE_MARGIN, f"token {i} differs ({a[i]} vs {b[i]}) by a float32 logit margin of {margin:.4f}"
     return i

@@ -15,6 +15,7 @@ from carryover_jax.errors import RequestError
 from carryover_jax.eval.run import parse_drafter_spec
 from carryover_jax.models import drafter as D
 from carryover_jax.models.drafter import frozen_from_target, init_drafter_params
+from tests.jitted import jit_apply
 
 P = 4
 
@@ -46,17 +47,17 @@ def test_verify_carries_the_interface_rows_for_every_count(tiny_qwen3, carry):
     anchor0 = np.asarray(s.anchor)
     s2 = sp.verify_step(sc, target.params, params, s, jnp.asarray(props), None)
     np.testing.assert_array_equal(np.asarray(s2.rejected_count), P - np.asarray(want_a))
-    m, frozen = D.Drafter(cfg), frozen_from_target(target.params, target.cfg)
+    m, frozen = jit_apply(D.Drafter(cfg)), frozen_from_target(target.params, target.cfg)
     for i, (p, a) in enumerate(zip(prompts, want_a)):
         if carry == "draft_tokens":
             toks = props[i, a:]  # the rejected d_{a+1}..d_P
         else:  # the target's greedy token after each rejected verify position (a cache-free reference forward)
             seq = p + [int(anchor0[i])] + props[i].tolist()
-            logits = np.asarray(target.model.apply({"params": target.params}, jnp.asarray([seq]))[0][0])
+            logits = np.asarray(jit_apply(target.model)({"params": target.params}, jnp.asarray([seq]))[0][0])
             toks = logits[len(p) + a + 1: len(p) + P + 1].argmax(-1)
         if len(toks) == 0:
             continue
-        want = m.apply({"params": params}, jnp.asarray(toks[None], jnp.int32), frozen, method=D.Drafter.fuse_carried)
+        want = m({"params": params}, jnp.asarray(toks[None], jnp.int32), frozen, method=D.Drafter.fuse_carried)
         np.testing.assert_allclose(np.asarray(s2.carried[i, : len(toks)]), np.asarray(want[0]), atol=1e-5)
 
 

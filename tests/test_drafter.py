@@ -16,6 +16,7 @@ from carryover_jax.models.drafter import Drafter
 from carryover_jax.weights.drafter_formats import export_drafter, load_drafter, save_drafter
 from carryover_jax.export import torch_reference as ref
 from tests.drafter_fixtures import TINY_TARGET, VARIANTS, tiny_drafter, tiny_frozen
+from tests.jitted import jit_apply
 
 B, S = 2, 9
 
@@ -46,7 +47,7 @@ def _jax_logits(cfg, params, frozen, x, with_carried):
     if with_carried:
         kw = dict(carried=jnp.asarray(x["carried"]), carried_positions=jnp.asarray(x["cpos"]),
                   carried_valid=jnp.asarray(np.arange(p)[None] < x["count"][:, None]))
-    return np.asarray(Drafter(cfg).apply(
+    return np.asarray(jit_apply(Drafter(cfg))(
         {"params": params}, jnp.asarray(x["tokens"]), jnp.asarray(x["positions"]), frozen, jnp.asarray(x["feats"]),
         jnp.broadcast_to(jnp.arange(S)[None], (B, S)), jnp.asarray(fmask), **kw))
 
@@ -194,9 +195,9 @@ def test_context_cache_over_rounds_equals_one_full_forward():
     got = np.asarray(draft_block_logits(cfg, params, frozen, cache, anchor))
     t = cfg.block_size
     fmask = np.broadcast_to((np.arange(total)[None] < lens[:, None])[:, None], (B, t, total))
-    full = Drafter(cfg).apply({"params": params}, block_tokens(cfg, anchor), jnp.asarray(lens[:, None] + np.arange(t)),
-                              frozen, jnp.asarray(feats), jnp.broadcast_to(jnp.arange(total)[None], (B, total)),
-                              jnp.asarray(fmask))
+    full = jit_apply(Drafter(cfg))({"params": params}, block_tokens(cfg, anchor), jnp.asarray(lens[:, None] + np.arange(t)),
+                                   frozen, jnp.asarray(feats), jnp.broadcast_to(jnp.arange(total)[None], (B, total)),
+                                   jnp.asarray(fmask))
     np.testing.assert_allclose(got, np.asarray(full), atol=1e-5, rtol=1e-5)
 
 
@@ -250,6 +251,6 @@ def test_blockwise_block_attention_equals_the_dense_block_mask():
     fmask = jnp.asarray(rng.random((B, n * t, S)) < 0.6)
     dense = np.kron(np.eye(n, dtype=bool), np.ones((t, t), bool))[None].repeat(B, 0)
     args = (tokens, positions, frozen, feats, jnp.broadcast_to(jnp.arange(S)[None], (B, S)), fmask)
-    a = Drafter(cfg).apply({"params": params}, *args, block_mask=jnp.asarray(dense))
-    b = Drafter(cfg).apply({"params": params}, *args, block_mask=t)
+    a = jit_apply(Drafter(cfg))({"params": params}, *args, block_mask=jnp.asarray(dense))
+    b = jit_apply(Drafter(cfg), ("method", "block_mask"))({"params": params}, *args, block_mask=t)  # t: static
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)

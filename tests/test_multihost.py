@@ -34,6 +34,7 @@ from carryover_jax.config import DataConfig
 from carryover_jax.train.pipeline import make_train_iter
 from carryover_jax.train.store import ResponseStore
 from tests.synthetic import synthetic_store
+from tests.xla_flags import cpu_xla_flags
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ def _free_port() -> int:
 def _env(devices: int, rank: int | None, nproc: int, port: int) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CARRYOVER_", "SLURM_", "OMPI_", "PMI_"))}  # no stray cluster detection
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(devices),
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     if rank is not None:
         env.update(CARRYOVER_COORDINATOR=f"localhost:{port}", CARRYOVER_NUM_PROCESSES=str(nproc),

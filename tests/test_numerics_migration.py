@@ -19,6 +19,7 @@ from carryover_jax.numerics import Numerics
 from carryover_jax.weights.drafter_formats import DRAFTER_CONFIG_VERSION, save_drafter
 from tests.fixtures.make_drafter_v1 import run_config
 from tests.synthetic import synthetic_store
+from tests.jitted import jit_apply
 
 FIX = Path(__file__).parent / "fixtures" / "drafter_v1"
 EXPECTED = json.loads((FIX / "expected.json").read_text())
@@ -28,7 +29,7 @@ def _forward(target, drafter):
     f = EXPECTED["drafter_forward"]["inputs"]
     a = {k: np.asarray(v, np.float32 if k in ("features", "carried") else None) for k, v in f.items()}
     t, s = a["tokens"].shape[1], a["features"].shape[1]
-    return np.asarray(Drafter(drafter.cfg).apply(
+    return np.asarray(jit_apply(Drafter(drafter.cfg))(
         {"params": drafter.params}, a["tokens"], a["positions"], frozen_from_target(target.params, target.cfg),
         a["features"], a["feature_positions"], np.ones((1, t, s), bool), a["carried"], a["carried_positions"],
         a["carried_valid"], method=Drafter.init_all))

@@ -26,6 +26,7 @@ from carryover_jax.train import store as store_mod
 from carryover_jax.train.pipeline import make_train_iter
 from carryover_jax.train.store import ResponseStore, open_store, shard_name, shard_path
 from carryover_jax.train.vocab import token_counts
+from tests.xla_flags import cpu_xla_flags
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -269,8 +270,8 @@ def test_two_process_prepare_matches_the_one_process_store(tiny_llama, tmp_path,
     sharded, single = tmp_path / "sharded", tmp_path / "single"
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CARRYOVER_", "SLURM_"))}
-    env.update(JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", CARRYOVER_CACHE=str(tmp_path / "cache"))
-    env.pop("XLA_FLAGS", None)
+    env.update(JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", CARRYOVER_CACHE=str(tmp_path / "cache"),
+               XLA_FLAGS=cpu_xla_flags())  # one device, as a host of its own
     procs = []
     for i in range(2):  # two independent processes, as on two hosts: no coordinator, no collective
         log = (tmp_path / f"shard{i}.log").open("w")

@@ -9,6 +9,7 @@ from carryover_jax import generate, load_target
 from carryover_jax.config import DrafterConfig
 from carryover_jax.decode.generate import speculative_generate
 from carryover_jax.models.drafter import init_drafter_params
+from tests.jitted import jit_apply
 
 
 def _drafter(target, kind, layout, proposals=4, seed=0):
@@ -117,17 +118,17 @@ def test_verify_commits_rolls_back_and_carries_exactly(tiny_qwen3):
     # reference features: one cache-free forward over prompt + [anchor, proposals]
     for i, p in enumerate(prompts):
         seq = p + [int(anchor0[i])] + np.asarray(props[i]).tolist()
-        _, _, taps = target.model.apply({"params": target.params}, jnp.asarray([seq]), tap_layers=(0, 1))
+        _, _, taps = jit_apply(target.model)({"params": target.params}, jnp.asarray([seq]), tap_layers=(0, 1))
         feats = np.concatenate([np.asarray(t)[0] for t in taps], -1)
         verify = feats[len(p):]  # verify indices 0..P
         r = P - a[i]
-        m = D.Drafter(drafter[0])
-        want = m.apply({"params": drafter[1]}, jnp.asarray(verify[a[i] + 1:][None]), method=D.Drafter.fuse_carried)
+        m = jit_apply(D.Drafter(drafter[0]))
+        want = m({"params": drafter[1]}, jnp.asarray(verify[a[i] + 1:][None]), method=D.Drafter.fuse_carried)
         np.testing.assert_allclose(np.asarray(s2.carried[i, :r]), np.asarray(want[0]), atol=1e-5)
         # the drafter cache holds the projections of exactly the committed features (prompt + 0..a)
         committed = feats[: len(p) + a[i] + 1]
-        rows = m.apply({"params": drafter[1]}, jnp.asarray(committed[None]), method=D.Drafter.fuse)
-        ks, _ = m.apply({"params": drafter[1]}, rows, jnp.arange(len(committed))[None], method=D.Drafter.project)
+        rows = m({"params": drafter[1]}, jnp.asarray(committed[None]), method=D.Drafter.fuse)
+        ks, _ = m({"params": drafter[1]}, rows, jnp.arange(len(committed))[None], method=D.Drafter.project)
         np.testing.assert_allclose(np.asarray(s2.draft_cache.k[0][i, :, : len(committed)]), np.asarray(ks[0][0]),
                                    atol=1e-5)
 
