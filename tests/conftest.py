@@ -95,9 +95,13 @@ def _release_compiled_programs():
 
 @pytest.fixture(scope="module")
 def compile_cache(tmp_path_factory):
-    """A persistent XLA cache of the module's own for its training runs (in process and in subprocesses, which
-    get its path): runs that compile the same step re-use it (~15 s each). The suite's cache above (CPU
-    machines) or none is restored afterwards."""
+    """The persistent XLA cache a module's training runs share, in process and in the subprocesses that get its
+    path (runs that compile the same step re-use it, ~15 s each): the suite's own where it has one (CPU
+    machines, above); elsewhere one of the module's own, switched off again afterwards."""
+    suite = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if suite:
+        yield suite
+        return
     from jax.experimental.compilation_cache import compilation_cache as cc
 
     d = str(tmp_path_factory.mktemp("xla_cache"))
