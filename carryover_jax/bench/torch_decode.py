@@ -135,12 +135,12 @@ def run(target, drafter, *, num_prompts: int = 2, max_new_tokens: int = 32, zlab
         stats = {m: {"time_s": 0.0, "tokens": 0, "rounds": 0, "outputs": []} for m in engines}
         bar = tqdm(total=len(prompts) * len(engines) * repeats, desc="bench decode --torch", disable=not progress)
         for ids in prompts:
-            results = {name: fn(ids) for name, fn in engines.items()}  # untimed: compile / warm up; the tokens
+            results = {name: fn(ids) for name, fn in engines.items()}  # untimed (compile / warm up): the tokens
             times = {name: [] for name in engines}
             for _ in range(repeats):
                 for name, fn in engines.items():  # interleaved: machine load hits every engine alike
                     t = time.perf_counter()
-                    toks, rounds = fn(ids)
+                    toks, _ = fn(ids)
                     times[name].append(time.perf_counter() - t)
                     if toks != results[name][0]:
                         raise RuntimeError(f"bench decode --torch: {name} emitted different tokens on a repeat")
