@@ -49,18 +49,8 @@ def _accelerator_devices() -> list:
     return []
 
 
-# The files that take a minute or more here, slowest first: collected (and so handed to the xdist workers,
-# which take files in collection order) before the rest, so the two workers finish together on short files
-# (in alphabetical order the suite ended on test_shards, test_smollm2 and test_multihost: 34, 78 and 50 s).
-SLOW_FILES_FIRST = ("test_pipeline.py", "test_smollm2.py", "test_multihost.py", "test_torch_speculative.py",
-                    "test_bad_inputs.py", "test_gemma.py", "test_speculative.py", "test_train_step.py")
-
-
 def pytest_collection_modifyitems(config, items):
-    """Slow files first (above); tests marked `gpu` need an accelerator: skipped (with the reason) where jax has
-    none."""
-    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order otherwise kept
+    """Tests marked `gpu` need an accelerator: skipped (with the reason) where jax has none."""
     gpu_items = [i for i in items if i.get_closest_marker("gpu")]
     if gpu_items and not _accelerator_devices():
         skip = pytest.mark.skip(reason="needs an accelerator: jax has no GPU/TPU device here")
