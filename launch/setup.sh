@@ -8,7 +8,8 @@ PY="${PYTHON:-python3}"
 stamp="$VENV/.carryover-setup-$(sha1sum pyproject.toml launch/setup.sh | sha1sum | cut -c1-12)"
 if [[ -f "$stamp" ]]; then exit 0; fi
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-# --no-compile: no .pyc for the thousands of modules never imported (a fresh setup: 2m16s -> 1m22s on 2 cores);
+# --no-compile: no .pyc for the thousands of modules never imported (`time CARRYOVER_VENV=/tmp/v bash
+# launch/setup.sh` on 2 cores, empty /tmp/v: 2m16s -> 1m22s);
 # Python writes them for the imported ones on first use
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
 # torch first, pinned to the CPU build that ships on the dev machines; GPU pods bring their own.

@@ -2,8 +2,11 @@
 that start `jax` in subprocesses (multi-host, sharded prepare). The tiny models' tests are bound by XLA
 compile time (~55% of the suite's in-process time, tracing and lowering another ~25%), so the CPU compiler is
 set for compile speed; XLA's HLO passes, and with them what a program computes, are unchanged (results move
-in the last float32 bits only). Measured on the tiny DVD train step (baseline / DVD programs, 2 cores):
-- LLVM at -O0 without its expensive passes: compile 57 / 21 s -> 6 / 11 s, the step runs ~2x slower;
+in the last float32 bits only). Measured as `jax.jit(train_step, static_argnums=(0, 1)).lower(...).compile()`
+time of test_dvd's TCFG / `_dc()` step (loss.mode baseline / dvd), a fresh process without the persistent
+cache each, 2 cores:
+- LLVM at -O0 without its expensive passes: compile 57 / 21 s (timed with the suite running beside it: an
+  upper bound) -> 6 / 11 s, the step runs ~2x slower;
 - the loop emitters instead of the MLIR fusion emitters: compile a further 3.6 / 6.3 s -> 2.0 / 3.2 s, the
   step ~20% slower.
 A flag the installed jaxlib does not know would abort XLA at start-up, so each is passed only where the
