@@ -17,6 +17,7 @@ from carryover_jax.train import anchors as A
 from carryover_jax.train import edr
 from carryover_jax.train.losses import baseline_loss, block_terms
 from carryover_jax.train.step import step_config
+from tests.jitted import jit_apply
 
 TCFG = TargetConfig(family="qwen3", vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
                     num_kv_heads=1, head_dim=16, qk_norm=True)
@@ -85,7 +86,7 @@ def test_edr_step_gradient_is_the_gradient_of_expected_rounds(kind):
     cfg = TrainConfig(loss=LossConfig(objective="edr", ce_weight=0.0, l1_weight=0.0), num_anchors=16)
     sc = step_config(cfg, TCFG, dc)
     batch = {"input_ids": ids, "loss_mask": lm}
-    taps, last = TargetLM(TCFG).apply({"params": tp}, ids, LAYERS, method=TargetLM.features)
+    taps, last = jit_apply(TargetLM(TCFG))({"params": tp}, ids, tap_layers=LAYERS, method=TargetLM.features)
     feats = jnp.concatenate(taps, -1)
     frozen = frozen_from_target(tp, TCFG)
     cand = A.anchor_candidates(lm)
