@@ -35,6 +35,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from tests import schedule  # noqa: E402
 from tests.hf_models import tiny_hf_model  # noqa: E402
 
 
@@ -50,12 +51,22 @@ def _accelerator_devices() -> list:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` need an accelerator: skipped (with the reason) where jax has none."""
+    """Files longest first (tests/schedule.py). Tests marked `gpu` need an accelerator: skipped (with the
+    reason) where jax has none."""
+    schedule.longest_files_first(items)
     gpu_items = [i for i in items if i.get_closest_marker("gpu")]
     if gpu_items and not _accelerator_devices():
         skip = pytest.mark.skip(reason="needs an accelerator: jax has no GPU/TPU device here")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    schedule.record(report)
+
+
+def pytest_sessionfinish(session):
+    schedule.write_table()
 
 
 @pytest.fixture
