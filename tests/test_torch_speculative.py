@@ -246,10 +246,10 @@ def cli_folders(setup, tiny_varied_qwen3, tmp_path_factory):
     return folder, setup[2]
 
 
-def _run_cli(args, check_no_jax=True):
+def _run_cli(args):
     code = ("import sys; from carryover_jax.export.speculative import main; rc = main(sys.argv[1:]); "
-            + ("assert not any(m == 'jax' or m.startswith('jax.') for m in sys.modules), 'jax was imported'; "
-               if check_no_jax else "") + "sys.exit(rc)")
+            "assert not any(m == 'jax' or m.startswith('jax.') for m in sys.modules), 'jax was imported'; "
+            "sys.exit(rc)")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env,
                           timeout=300)
@@ -277,15 +277,20 @@ def test_command_prints_json_without_jax(cli_folders, setup):
     ("max new", ["--max-new-tokens", "0"], "max_new_tokens must be"),
     ("not a drafter", ["--drafter", "TARGET"], "architecture Qwen3ForCausalLM is not a drafter"),
 ])
-def test_command_bad_input_is_one_line(cli_folders, case, args, msg):
+def test_command_bad_input_is_one_line(cli_folders, capsys, case, args, msg):
+    """In this process: the command's `main` is what `python -m` runs (the JSON test above runs it in a fresh
+    interpreter); a subprocess per row cost ~8 s of torch imports each."""
+    from carryover_jax.export.speculative import main
+
     target_dir, folders = cli_folders
     base = {"--target": str(target_dir), "--drafter": str(folders["zlab"]), "--prompt": "w5 w6"}
     for k, v in zip(args[::2], args[1::2]):
         base[k] = str(target_dir) if v == "TARGET" else v
-    r = _run_cli([x for kv in base.items() for x in kv] + ["--no-chat", "--json"], check_no_jax=False)
-    assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "error:" in lines[0] and msg in lines[0], r.stderr
+    capsys.readouterr()
+    assert main([x for kv in base.items() for x in kv] + ["--no-chat", "--json"]) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0] and msg in lines[0] and not out.out, out.err
 
 
 def test_drafter_mismatches_are_refused(setup, tmp_path):
