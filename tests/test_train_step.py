@@ -263,10 +263,10 @@ def test_target_labels_are_the_targets_greedy_tokens():
     params = init_drafter_params(dc, jax.random.key(1))
     rng = np.random.default_rng(3)
     ids = rng.integers(1, TCFG.vocab_size, (2, 20)).astype(np.int32)
-    forward = jax.jit(lambda p, x: TargetLM(TCFG).apply({"params": p}, x)[0])  # jitted: eager is ~4x slower
-    for t in range(8, 20):  # greedy continuation of an 8-token prompt, cache-free forwards
-        logits = forward(tp, jnp.asarray(ids[:, :t]))
-        ids[:, t] = np.asarray(jnp.argmax(logits[:, -1], -1))
+    forward = jax.jit(lambda p, x: TargetLM(TCFG).apply({"params": p}, x)[0])
+    for t in range(8, 20):  # greedy continuation of an 8-token prompt, cache-free causal forwards over all 20
+        logits = forward(tp, jnp.asarray(ids))  # slots (one program; the slots from t on are not seen at t - 1)
+        ids[:, t] = np.asarray(jnp.argmax(logits[:, t - 1], -1))
     mask = np.zeros_like(ids)
     mask[:, 8:] = 1
 
