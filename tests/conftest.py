@@ -22,12 +22,16 @@ ACCELERATOR = _accelerator_platform()
 os.environ.setdefault("JAX_PLATFORMS", "cpu" + (f",{ACCELERATOR}" if ACCELERATOR else ""))
 # The tiny models' tests are bound by XLA compile time, not run time (a cache hit runs a decode test in a third
 # of its time). On a CPU-only machine: LLVM's fast codegen (tests/xla_flags.py), and one persistent
-# compilation cache per checkout, so a program another test module or worker already compiled is loaded, not
-# rebuilt (the cache's key holds the program, the compile options and the jax version).
+# compilation cache per user, beside the converted models (`$CARRYOVER_CACHE/jax-tests`, default
+# ~/.cache/carryover_jax), so a program another test module, worker or earlier run (in any clone or worktree)
+# already compiled is loaded, not rebuilt. The cache's key holds the program, the compile options and the jax
+# version, so a changed program is compiled anew; least recently used entries go past 2 GiB.
+# CARRYOVER_TEST_CACHE=DIR puts it elsewhere (a fresh DIR: the suite compiles everything, as on a new machine).
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8" if ACCELERATOR else cpu_xla_flags(8))
 if not ACCELERATOR:
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))), ".cache", "jax-tests"))
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ.get("CARRYOVER_TEST_CACHE") or os.path.join(
+        os.environ.get("CARRYOVER_CACHE") or os.path.expanduser("~/.cache/carryover_jax"), "jax-tests"))
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
