@@ -25,13 +25,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu" + (f",{ACCELERATOR}" if ACCELERATOR
 # compilation cache per user, beside the converted models (`$CARRYOVER_CACHE/jax-tests`, default
 # ~/.cache/carryover_jax), so a program another test module, worker or earlier run (in any clone or worktree)
 # already compiled is loaded, not rebuilt. The cache's key holds the program, the compile options and the jax
-# version, so a changed program is compiled anew; least recently used entries go past 2 GiB.
+# version, so a changed program is compiled anew; past 2 GiB the oldest entries go (`prune_cache` below; jax's own
+# size limit re-reads the whole folder on every write, which doubled some files' time).
 # CARRYOVER_TEST_CACHE=DIR puts it elsewhere (a fresh DIR: the suite compiles everything, as on a new machine).
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8" if ACCELERATOR else cpu_xla_flags(8))
 if not ACCELERATOR:
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ.get("CARRYOVER_TEST_CACHE") or os.path.join(
         os.environ.get("CARRYOVER_CACHE") or os.path.expanduser("~/.cache/carryover_jax"), "jax-tests"))
-    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -71,6 +71,26 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session):
     schedule.write_table()
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        prune_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR"))
+
+
+def prune_cache(folder: str | None, *, limit: int = 2 << 30, keep: int = 1 << 30) -> None:
+    """Past `limit` bytes, delete the persistent compilation cache's oldest entries (by mtime) down to `keep`."""
+    if not folder or not os.path.isdir(folder):
+        return
+    sizes = {e.path: e.stat() for e in os.scandir(folder) if e.is_file()}
+    total = sum(st.st_size for st in sizes.values())
+    if total <= limit:
+        return
+    for path, st in sorted(sizes.items(), key=lambda kv: kv[1].st_mtime):
+        if total <= keep:
+            break
+        try:
+            os.remove(path)
+            total -= st.st_size
+        except OSError:  # another run removed it first
+            pass
 
 
 @pytest.fixture
