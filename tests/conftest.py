@@ -29,9 +29,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu" + (f",{ACCELERATOR}" if ACCELERATOR
 # size limit re-reads the whole folder on every write, which doubled some files' time).
 # CARRYOVER_TEST_CACHE=DIR puts it elsewhere (a fresh DIR: the suite compiles everything, as on a new machine).
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8" if ACCELERATOR else cpu_xla_flags(8))
+# A JAX_COMPILATION_CACHE_DIR the caller set is used as given and never pruned.
+TEST_CACHE = None
+if not ACCELERATOR and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    TEST_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ.get("CARRYOVER_TEST_CACHE") or os.path.join(
+        os.environ.get("CARRYOVER_CACHE") or os.path.expanduser("~/.cache/carryover_jax"), "jax-tests")
 if not ACCELERATOR:
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ.get("CARRYOVER_TEST_CACHE") or os.path.join(
-        os.environ.get("CARRYOVER_CACHE") or os.path.expanduser("~/.cache/carryover_jax"), "jax-tests"))
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -72,7 +75,7 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
     schedule.write_table()
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        prune_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR"))
+        prune_cache(TEST_CACHE)
 
 
 def prune_cache(folder: str | None, *, limit: int = 2 << 30, keep: int = 1 << 30) -> None:

@@ -6,7 +6,7 @@ first sorts the files by how many tests they hold, which put the one-test files 
 (the pipeline, multi-host, the real model) last, and one worker ran them while the other sat idle.
 `launch/test.sh` passes `--no-loadscope-reorder`, so the collection order below is the order they go out in.
 
-`CARRYOVER_TEST_TIMES=write` rewrites the table from the run (the sum of every test's setup, call and
+`CARRYOVER_TEST_TIMES=write` merges the run's files into the table (the sum of every test's setup, call and
 teardown per file, as the workers report them)."""
 
 from __future__ import annotations
