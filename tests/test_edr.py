@@ -15,7 +15,7 @@ from carryover_jax.models.drafter import frozen_from_target, init_drafter_params
 from carryover_jax.models.target import TargetLM, init_params
 from carryover_jax.train import anchors as A
 from carryover_jax.train import edr
-from carryover_jax.train.losses import baseline_loss, block_terms
+from carryover_jax.train.losses import all_anchor_acceptance, baseline_loss, block_terms
 from carryover_jax.train.step import step_config
 from tests.jitted import jit_apply
 
@@ -66,6 +66,40 @@ def test_td_coefficients_equal_finite_differences_of_expected_rounds():
         fd = (float(edr.batch_rounds(acc + e, starts)) - float(edr.batch_rounds(acc - e, starts))) / (2 * eps)
         np.testing.assert_allclose(float(coef[b, i, k]), fd, rtol=1e-3, atol=1e-4)
     assert float(coef[0, 2, 0]) < 0  # accepting more never adds rounds
+
+
+def test_every_anchors_acceptance_is_computed_on_the_candidates_alone():
+    """`all_anchor_acceptance` (candidates compacted to the front, taken `num_anchors` at a time, empty groups
+    skipped) equals one block forward anchored at every position, masked to the candidates: rows with their
+    candidates in different groups, one row without any, and trailing groups with no candidate at all."""
+    dc = DrafterConfig.for_target(TCFG, kind="dflash", layout="zlab", num_proposals=3, num_layers=1, mask_token_id=0,
+                                  target_layer_ids=LAYERS)
+    tp = init_params(TCFG, jax.random.key(0))
+    params = init_drafter_params(dc, jax.random.key(1))
+    rng = np.random.default_rng(4)
+    b, s = 3, 40
+    ids = jnp.asarray(rng.integers(1, 32, (b, s)), jnp.int32)
+    lm = np.zeros((b, s), np.int32)
+    lm[0, 5:19] = 1
+    lm[0, 25:31] = 1  # two response spans
+    lm[2, 30:] = 1  # candidates only at the end of the row
+    lm = jnp.asarray(lm)
+    sc = step_config(TrainConfig(loss=LossConfig(objective="edr"), num_anchors=8), TCFG, dc)  # 5 groups of 8
+    taps, last = jit_apply(TargetLM(TCFG))({"params": tp}, ids, tap_layers=LAYERS, method=TargetLM.features)
+    feats = jnp.concatenate(taps, -1)
+    frozen = frozen_from_target(tp, TCFG)
+    cand = A.anchor_candidates(lm)
+    assert int(jnp.max(jnp.sum(cand, axis=1))) <= 3 * 8  # groups 4 and 5 hold no candidate: skipped
+
+    def direct():
+        anchors = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+        blk = A.build_blocks(dc, ids, lm, anchors, cand, jnp.sum(cand, axis=1))
+        return block_terms(params, sc, tp, frozen, ids, feats, last, blk)[2] * blk.eval_mask * cand[..., None]
+
+    got = jax.jit(lambda: all_anchor_acceptance(params, sc, tp, frozen, ids, lm, feats, last))()
+    want = jax.jit(direct)()
+    assert float(jnp.sum(want > 0)) > 20  # real acceptances, not zeros on both sides
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["markov"])  # DFlash is the Markov drafter without the sequential bias
