@@ -68,12 +68,15 @@ def test_td_coefficients_equal_finite_differences_of_expected_rounds():
     assert float(coef[0, 2, 0]) < 0  # accepting more never adds rounds
 
 
-def test_every_anchors_acceptance_is_computed_on_the_candidates_alone():
+@pytest.mark.parametrize("kind,vocab,chunk", [("dflash", 0, 0), ("dflash", 20, 7), ("markov", 0, 5)])
+def test_every_anchors_acceptance_is_computed_on_the_candidates_alone(kind, vocab, chunk):
     """`all_anchor_acceptance` (candidates compacted to the front, taken `num_anchors` at a time, empty groups
-    skipped) equals one block forward anchored at every position, masked to the candidates: rows with their
-    candidates in different groups, one row without any, and trailing groups with no candidate at all."""
-    dc = DrafterConfig.for_target(TCFG, kind="dflash", layout="zlab", num_proposals=3, num_layers=1, mask_token_id=0,
-                                  target_layer_ids=LAYERS)
+    skipped, the target's distribution once per position) equals `block_terms` anchored at every position,
+    masked to the candidates: rows with their candidates in different groups, one row without any, trailing
+    groups with no candidate at all; the Markov bias, a draft vocabulary and row chunks included."""
+    dc = DrafterConfig.for_target(TCFG, kind=kind, layout="zlab", num_proposals=3, num_layers=1, mask_token_id=0,
+                                  target_layer_ids=LAYERS, markov_rank=4 if kind == "markov" else None,
+                                  draft_vocab=tuple(range(3, 3 + vocab)))
     tp = init_params(TCFG, jax.random.key(0))
     params = init_drafter_params(dc, jax.random.key(1))
     rng = np.random.default_rng(4)
@@ -84,7 +87,7 @@ def test_every_anchors_acceptance_is_computed_on_the_candidates_alone():
     lm[0, 25:31] = 1  # two response spans
     lm[2, 30:] = 1  # candidates only at the end of the row
     lm = jnp.asarray(lm)
-    sc = step_config(TrainConfig(loss=LossConfig(objective="edr"), num_anchors=8), TCFG, dc)  # 5 groups of 8
+    sc = step_config(TrainConfig(loss=LossConfig(objective="edr", chunk_rows=chunk), num_anchors=8), TCFG, dc)
     taps, last = jit_apply(TargetLM(TCFG))({"params": tp}, ids, tap_layers=LAYERS, method=TargetLM.features)
     feats = jnp.concatenate(taps, -1)
     frozen = frozen_from_target(tp, TCFG)

@@ -1,6 +1,6 @@
 """`carryover bench train`: training steps/s with online vs stored target features (same config,
-same synthetic records, one run), or (`--mode dvd`) DVD and control step times against baseline steps on
-the same batch; and a per-device memory estimate for a paper-size config.
+same synthetic records, one run), or (`--mode dvd`) DVD, control and EDR-objective step times against baseline
+steps on the same batch; and a per-device memory estimate for a paper-size config.
 
 Timings exclude the first step (compilation). The memory estimate uses `jax.eval_shape` for every
 parameter and optimizer tensor (nothing is allocated) plus the dominant activations: the drafter's
@@ -88,8 +88,9 @@ def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str,
 
 
 def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
-    """Step time of DVD training and of its equal-compute control against baseline steps on the same
-    batch (stored and online features), interleaved call by call in one process; medians in ms."""
+    """Step time of DVD training, of its control and of baseline training with the EDR objective
+    (`loss.objective=edr`) against baseline steps on the same batch (stored and online features),
+    interleaved call by call in one process; medians in ms."""
     from carryover_jax.train.loop import build_drafter
     target = load_target(cfg.target)
     dcfg, params = build_drafter(cfg, target)
@@ -103,11 +104,11 @@ def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
               "last_hidden": np.stack([h for _, h in feats])}
     online = {"input_ids": ids, "loss_mask": lm}
     arms = {"baseline (stored features)": ("baseline", stored), "baseline (online features)": ("baseline", online),
-            "dvd": ("dvd", stored), "control": ("control", stored)}
+            "baseline + edr objective": ("baseline", stored), "dvd": ("dvd", stored), "control": ("control", stored)}
     step = jax.jit(train_step, static_argnums=(0, 1))
     calls = {}
     for name, (mode, batch) in arms.items():
-        c = cfg.with_loss(mode=mode)
+        c = cfg.with_loss(mode=mode, objective="edr" if "edr" in name else "ce")
         sc = step_config(c, target.cfg, dcfg)
         opt = make_optimizer(c, 10)
         state = init_state(params, opt, 0)

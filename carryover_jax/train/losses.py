@@ -16,7 +16,7 @@ from carryover_jax.models.layers import Prefix
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
 from carryover_jax.train import edr
-from carryover_jax.train.objectives import combine, row_terms
+from carryover_jax.train.objectives import acceptance, combine, l1_distance, row_terms, target_probs
 from carryover_jax.train.step_config import StepConfig
 
 
@@ -68,25 +68,38 @@ def block_terms(params, sc: StepConfig, target_params, frozen, ids, feats, last,
     """Per-row (ce, l1, alpha, top1, kl) [B, N, P] of the drafter on the blocks `blk` (`objectives.row_terms`)."""
     b, s = ids.shape
     dc = sc.drafter
-    t, p, n = dc.block_size, dc.num_proposals, blk.anchors.shape[1]
+    p, n = dc.num_proposals, blk.anchors.shape[1]
     h = proposal_hidden(params, dc, frozen, feats, blk, carried, remat=sc.remat).reshape(b * n * p, -1)
     # the target's next-token distribution at each proposal's prediction point (label position - 1)
     pred_at = jnp.clip(blk.label_idx - 1, 0, s - 1).reshape(b, n * p)
     th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n * p, -1)
     labels = blk.labels.reshape(-1)
-    prev = jnp.concatenate([blk.tokens.reshape(b, n, t)[:, :, :1], blk.labels[..., :-1]], axis=-1).reshape(-1)
 
     def terms(hc, thc, lc, pc):
-        z = Drafter(dc).apply({"params": params}, hc, frozen, method=Drafter.logits)
-        if dc.markov_rank:  # teacher-forced transition bias from the previous ground-truth token
-            z = z + Drafter(dc).apply({"params": params}, pc, method=Drafter.markov_bias)
+        z = draft_logits(params, dc, frozen, hc, pc)
         zt = jax.lax.stop_gradient(TargetLM(sc.target).apply({"params": target_params}, thc, method=TargetLM.head))
         if sc.loss.labels == "target":  # self-distillation: what the target itself would say at this point
             lc = jnp.argmax(zt, axis=-1).astype(lc.dtype)
         return row_terms(z, zt, lc, dc.draft_vocab)
 
-    out = chunked_rows(terms, (h, th, labels, prev), sc.loss.chunk_rows)
+    out = chunked_rows(terms, (h, th, labels, previous_tokens(dc, blk)), sc.loss.chunk_rows)
     return tuple(x.reshape(b, n, p) for x in out)
+
+
+def draft_logits(params, dc: DrafterConfig, frozen, h, prev):
+    """Draft logits of proposal rows `h` [R, d]; the Markov drafter adds its transition bias from `prev` [R],
+    the previous ground-truth token (teacher forcing)."""
+    z = Drafter(dc).apply({"params": params}, h, frozen, method=Drafter.logits)
+    if dc.markov_rank:
+        z = z + Drafter(dc).apply({"params": params}, prev, method=Drafter.markov_bias)
+    return z
+
+
+def previous_tokens(dc: DrafterConfig, blk: A.Blocks) -> jax.Array:
+    """[B * N * P] the token before each proposal slot: the anchor's for slot 1, else the previous label."""
+    b, n, _ = blk.labels.shape
+    first = blk.tokens.reshape(b, n, dc.block_size)[:, :, :1]
+    return jnp.concatenate([first, blk.labels[..., :-1]], axis=-1).reshape(-1)
 
 
 def target_greedy_labels(sc: StepConfig, target_params, last, blk: A.Blocks) -> jax.Array:
@@ -133,37 +146,52 @@ def all_anchor_acceptance(params, sc: StepConfig, target_params, frozen, ids, lm
     every position (0 where the position is no anchor candidate or the slot has no label).
 
     Only candidates are computed: each row's candidate positions are moved to the front (ascending) and
-    taken `num_anchors` at a time (each group is one ordinary training forward); a group with no candidate
-    in any row is skipped (`lax.cond`), so the prompt and padding cost nothing (on the default, 320-token
-    rows with <= 128 response tokens: 2 groups of 64 instead of 5)."""
+    taken `num_anchors` at a time (one drafter forward per group); a group with no candidate in any row is
+    skipped (`lax.cond`), so the prompt and padding cost nothing (on the default, 320-token rows with <= 128
+    response tokens: 2 groups of 64 instead of 5). The target's distribution is computed once per position,
+    not once per (anchor, slot): a valid slot k of the round anchored at candidate j predicts from position
+    j + k, itself a candidate (every position up to the slot's label is in the response), which is candidate
+    j + k of the compacted order — so a group of g anchors needs g + P - 1 target rows, not g * P."""
     b, s = ids.shape
-    g = sc.num_anchors
+    dc = sc.drafter
+    g, p = sc.num_anchors, dc.num_proposals
     groups = -(-s // g)
+    width = groups * g
     cand = A.anchor_candidates(lm)
     order = jnp.argsort(~cand, axis=1, stable=True).astype(jnp.int32)  # candidates first, ascending
     count = jnp.sum(cand, axis=1)
-    width = groups * g
-    pos = jnp.pad(order, ((0, 0), (0, width - s))).reshape(b, groups, g).transpose(1, 0, 2)
-    ok = (jnp.arange(width)[None, :] < count[:, None]).reshape(b, groups, g).transpose(1, 0, 2)
+    order = jnp.pad(order, ((0, 0), (0, width + p - 1 - s)))
+    in_count = jnp.arange(width + p - 1)[None, :] < count[:, None]
     params = jax.lax.stop_gradient(params)
-    p = sc.drafter.num_proposals
+    # row r of a group's target rows [B * (g + P - 1)] that slot k of anchor i reads
+    reads = (jnp.arange(b)[:, None, None] * (g + p - 1) + jnp.arange(g)[None, :, None]
+             + jnp.arange(p)[None, None, :]).reshape(-1)
 
-    def group(xs):
-        anchors, keep = xs
-        anchors = jnp.where(keep, anchors, 0)
+    def group(i):
+        keep = jax.lax.dynamic_slice_in_dim(in_count, i * g, g, axis=1)
 
         def compute(_):
-            blk = A.build_blocks(sc.drafter, ids, lm, anchors, keep, jnp.sum(keep, axis=1))
-            alpha = block_terms(params, sc, target_params, frozen, ids, feats, last, blk)[2]
-            return (alpha * blk.eval_mask * keep[..., None]).astype(jnp.float32)
+            anchors = jnp.where(keep, jax.lax.dynamic_slice_in_dim(order, i * g, g, axis=1), 0)
+            blk = A.build_blocks(dc, ids, lm, anchors, keep, jnp.sum(keep, axis=1))
+            h = proposal_hidden(params, dc, frozen, feats, blk, remat=sc.remat).reshape(b * g * p, -1)
+            at = jax.lax.dynamic_slice_in_dim(order, i * g, g + p - 1, axis=1)  # candidates i*g .. i*g+g+P-2
+            th = jnp.take_along_axis(last, at[..., None], axis=1).reshape(b * (g + p - 1), -1)
+            pt = chunked_rows(lambda x: target_probs(TargetLM(sc.target).apply(
+                {"params": target_params}, x, method=TargetLM.head), dc.draft_vocab), (th,), sc.loss.chunk_rows)
+
+            def alpha(hc, rc, pc):
+                logp = jax.nn.log_softmax(draft_logits(params, dc, frozen, hc, pc).astype(jnp.float32), axis=-1)
+                return acceptance(l1_distance(logp, pt[rc], dc.draft_vocab))
+
+            a = chunked_rows(alpha, (h, reads, previous_tokens(dc, blk)), sc.loss.chunk_rows).reshape(b, g, p)
+            return a * blk.eval_mask * keep[..., None]
 
         return jax.lax.cond(jnp.any(keep), compute, lambda _: jnp.zeros((b, g, p), jnp.float32), None)
 
-    acc = jax.lax.map(group, (pos, ok)).transpose(1, 0, 2, 3).reshape(b, width, p)  # [B, width, P], compacted
-    # back to positions: slot j of row i holds the candidate at order[i, j]; slots past a row's count are 0
-    rows = jnp.arange(b)[:, None]
-    dest = jnp.where(jnp.arange(width)[None, :] < count[:, None], jnp.pad(order, ((0, 0), (0, width - s))), s)
-    out = jnp.zeros((b, s, p), jnp.float32).at[rows, dest].set(acc, mode="drop")
+    acc = jax.lax.map(group, jnp.arange(groups)).transpose(1, 0, 2, 3).reshape(b, width, p)  # compacted
+    # back to positions: slot j of row i holds the candidate at order[i, j]; slots past a row's count drop
+    dest = jnp.where(in_count[:, :width], order[:, :width], s)
+    out = jnp.zeros((b, s, p), jnp.float32).at[jnp.arange(b)[:, None], dest].set(acc, mode="drop")
     return jax.lax.stop_gradient(out)
 
 

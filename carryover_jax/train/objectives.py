@@ -27,6 +27,25 @@ def position_weights(num_proposals: int, gamma: float) -> Array:
     return jnp.exp(-jnp.arange(num_proposals, dtype=jnp.float32) / gamma)
 
 
+def target_probs(target_logits: Array, draft_vocab: tuple[int, ...] = ()) -> Array:
+    """The target's next-token probabilities at the ids the drafter can propose: [..., V], or with a draft
+    vocabulary [..., K] (still normalised over the whole vocabulary: the mass outside is what L1 adds)."""
+    pt = jax.nn.softmax(target_logits.astype(jnp.float32), axis=-1)
+    return jnp.take(pt, jnp.asarray(np.asarray(draft_vocab, np.int32)), axis=-1) if draft_vocab else pt
+
+
+def l1_distance(logp: Array, pt_in: Array, draft_vocab: tuple[int, ...] = ()) -> Array:
+    """||p_draft - p_target||_1 from the draft log-probabilities and `target_probs`; with a draft vocabulary
+    the target's mass outside it counts in full, so that 1 - L1/2 stays the exact acceptance probability."""
+    l1 = jnp.sum(jnp.abs(jnp.exp(logp) - pt_in), axis=-1)
+    return l1 + jnp.maximum(1.0 - jnp.sum(pt_in, axis=-1), 0.0) if draft_vocab else l1
+
+
+def acceptance(l1: Array) -> Array:
+    """Speculative sampling's acceptance probability Σ min(p, q) = 1 - L1/2."""
+    return jnp.clip(1.0 - 0.5 * l1, 0.0, 1.0)
+
+
 def row_terms(draft_logits: Array, target_logits: Array, labels: Array, draft_vocab: tuple[int, ...] = ()):
     """[..., V] logits -> per-row (ce, l1, alpha, top1_correct, kl).
 
@@ -36,22 +55,18 @@ def row_terms(draft_logits: Array, target_logits: Array, labels: Array, draft_vo
     over the vocabulary only (the drafter can do nothing about the mass outside it)."""
     z = draft_logits.astype(jnp.float32)
     logp = jax.nn.log_softmax(z, axis=-1)
-    pt = jax.nn.softmax(target_logits.astype(jnp.float32), axis=-1)
+    pt_in = target_probs(target_logits, draft_vocab)
     if draft_vocab:
-        vocab = np.asarray(draft_vocab, np.int32)
-        idx = jnp.asarray(draft_index_table(draft_vocab, pt.shape[-1]))[labels]
+        idx = jnp.asarray(draft_index_table(draft_vocab, target_logits.shape[-1]))[labels]
         known = idx >= 0
         ce = jnp.where(known, -jnp.take_along_axis(logp, jnp.maximum(idx, 0)[..., None], axis=-1)[..., 0], 0.0)
         correct = (known & (jnp.argmax(z, -1) == idx)).astype(jnp.float32)
-        pt_in = jnp.take(pt, jnp.asarray(vocab), axis=-1)
-        l1 = jnp.sum(jnp.abs(jnp.exp(logp) - pt_in), axis=-1) + jnp.maximum(1.0 - jnp.sum(pt_in, axis=-1), 0.0)
     else:
         ce = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
         correct = (jnp.argmax(z, -1) == labels).astype(jnp.float32)
-        pt_in = pt
-        l1 = jnp.sum(jnp.abs(jnp.exp(logp) - pt), axis=-1)
+    l1 = l1_distance(logp, pt_in, draft_vocab)
     kl = jnp.sum(jax.scipy.special.xlogy(pt_in, pt_in) - pt_in * logp, axis=-1)
-    return ce, l1, jnp.clip(1.0 - 0.5 * l1, 0.0, 1.0), correct, kl
+    return ce, l1, acceptance(l1), correct, kl
 
 
 def combine(ce: Array, l1: Array, alpha: Array, correct: Array, kl: Array, eval_mask: Array, *,
