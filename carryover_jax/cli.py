@@ -459,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--set", action="append", metavar="KEY=VALUE", help="bench train: config overrides")
     b.add_argument("--steps", type=SIZE, default=6, help="bench train: timed steps per mode")
     b.add_argument("--mode", choices=["features", "dvd"], default="features",
-                   help="bench train: online vs stored features, or DVD/control/EDR-objective vs baseline steps on one batch")
+                   help="bench train: online vs stored features, or DVD/control/EDR steps vs baseline steps on one batch")
     b.add_argument("--devices", type=SIZE, default=None, help="bench train: devices for the Qwen3-4B memory estimate "
                    "(default 64); with --memory, the devices compiled for (default 8: one node)")
     b.add_argument("--memory", action="store_true", help="bench train: per-device memory of the compiled step of "
