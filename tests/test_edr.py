@@ -68,6 +68,21 @@ def test_td_coefficients_equal_finite_differences_of_expected_rounds():
     assert float(coef[0, 2, 0]) < 0  # accepting more never adds rounds
 
 
+def _features(tp, ids):
+    """(features, last hidden, frozen target pieces) of the tiny target on `ids`."""
+    taps, last = jit_apply(TargetLM(TCFG))({"params": tp}, ids, tap_layers=LAYERS, method=TargetLM.features)
+    return jnp.concatenate(taps, -1), last, frozen_from_target(tp, TCFG)
+
+
+def _alpha_at_every_position(params, sc, tp, frozen, ids, lm, feats, last):
+    """α [B, S, P] from one `block_terms` pass anchored at every position, masked to the anchor candidates."""
+    b, s = ids.shape
+    cand = A.anchor_candidates(lm)
+    anchors = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+    blk = A.build_blocks(sc.drafter, ids, lm, anchors, cand, jnp.sum(cand, axis=1))
+    return block_terms(params, sc, tp, frozen, ids, feats, last, blk)[2] * blk.eval_mask * cand[..., None]
+
+
 @pytest.mark.parametrize("kind,vocab,chunk", [("dflash", 0, 0), ("dflash", 20, 7), ("markov", 0, 5)])
 def test_every_anchors_acceptance_is_computed_on_the_candidates_alone(kind, vocab, chunk):
     """`all_anchor_acceptance` (candidates compacted to the front, taken `num_anchors` at a time, empty groups
@@ -88,19 +103,11 @@ def test_every_anchors_acceptance_is_computed_on_the_candidates_alone(kind, voca
     lm[2, 30:] = 1  # candidates only at the end of the row
     lm = jnp.asarray(lm)
     sc = step_config(TrainConfig(loss=LossConfig(objective="edr", chunk_rows=chunk), num_anchors=8), TCFG, dc)
-    taps, last = jit_apply(TargetLM(TCFG))({"params": tp}, ids, tap_layers=LAYERS, method=TargetLM.features)
-    feats = jnp.concatenate(taps, -1)
-    frozen = frozen_from_target(tp, TCFG)
-    cand = A.anchor_candidates(lm)
-    assert int(jnp.max(jnp.sum(cand, axis=1))) <= 3 * 8  # groups 4 and 5 hold no candidate: skipped
-
-    def direct():
-        anchors = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
-        blk = A.build_blocks(dc, ids, lm, anchors, cand, jnp.sum(cand, axis=1))
-        return block_terms(params, sc, tp, frozen, ids, feats, last, blk)[2] * blk.eval_mask * cand[..., None]
+    feats, last, frozen = _features(tp, ids)
+    assert int(jnp.max(jnp.sum(A.anchor_candidates(lm), axis=1))) <= 3 * 8  # groups 4 and 5 hold no candidate
 
     got = jax.jit(lambda: all_anchor_acceptance(params, sc, tp, frozen, ids, lm, feats, last))()
-    want = jax.jit(direct)()
+    want = jax.jit(lambda: _alpha_at_every_position(params, sc, tp, frozen, ids, lm, feats, last))()
     assert float(jnp.sum(want > 0)) > 20  # real acceptances, not zeros on both sides
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
 
@@ -123,17 +130,12 @@ def test_edr_step_gradient_is_the_gradient_of_expected_rounds(kind):
     cfg = TrainConfig(loss=LossConfig(objective="edr", ce_weight=0.0, l1_weight=0.0), num_anchors=16)
     sc = step_config(cfg, TCFG, dc)
     batch = {"input_ids": ids, "loss_mask": lm}
-    taps, last = jit_apply(TargetLM(TCFG))({"params": tp}, ids, tap_layers=LAYERS, method=TargetLM.features)
-    feats = jnp.concatenate(taps, -1)
-    frozen = frozen_from_target(tp, TCFG)
+    feats, last, frozen = _features(tp, ids)
     cand = A.anchor_candidates(lm)
     tokens = float(jnp.sum(cand))
 
     def rounds(p):  # R(A(θ)) with the acceptance of every anchor differentiable (no sampling)
-        anchors = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
-        blk = A.build_blocks(dc, ids, lm, anchors, cand, jnp.sum(cand, axis=1))
-        alpha = block_terms(p, sc, tp, frozen, ids, feats, last, blk)[2] * blk.eval_mask * cand[..., None]
-        return edr.batch_rounds(alpha, cand)
+        return edr.batch_rounds(_alpha_at_every_position(p, sc, tp, frozen, ids, lm, feats, last), cand)
 
     (_, metrics), step_grad = jax.jit(jax.value_and_grad(
         lambda p: baseline_loss(p, sc, tp, batch, jax.random.key(3)), has_aux=True))(params)
