@@ -86,7 +86,9 @@ def stage_configs(config: str, out: Path, *, preset: str, overrides: list[str] =
     """The baseline, control and DVD TrainConfigs of a pipeline rooted at `out`, and the equal-compute
     control (`ComputeMatched`: its steps are measured when the stage runs). Continuation settings (steps,
     lr, ...) come from the config's `STAGES["dvd"]` where it defines one, else 30% of the baseline steps;
-    control and DVD differ only in `loss.mode`."""
+    control and DVD differ only in `loss.mode`. A baseline trained with `loss.objective=edr` is continued with
+    the block objective (EDR's rounds assume no carried rows, so DVD cannot train with it, and the control
+    follows DVD)."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
     p = PRESETS[preset]
@@ -102,7 +104,7 @@ def stage_configs(config: str, out: Path, *, preset: str, overrides: list[str] =
     cfgs = {"baseline": base}
     for mode in ("control", "dvd"):
         c = base.replace(name=f"{base.name}-{mode}", init_from=str(out / "baseline" / "drafter"),
-                         out_dir=str(out / mode), **cont).with_loss(mode=mode)
+                         out_dir=str(out / mode), **cont).with_loss(mode=mode, objective="ce")
         sets = [f"{k}={v!r}" for k, v in p["continue"].items()] + list(continue_overrides)
         cfgs[mode] = apply_overrides(c, sets)
     cfgs["control_compute"] = ComputeMatched(cfgs["control"], cfgs["dvd"], str(out / "control_compute"))

@@ -104,3 +104,15 @@ def test_pipeline_runs_every_stage_skips_finished_ones_and_resumes_a_killed_stag
     assert all("skipped" in m for m in msgs)
     with pytest.raises(ConfigError, match="other settings"):
         run_pipeline(config, out, **{**kw, "continue_overrides": ["steps=5"]})
+
+
+def test_an_edr_baseline_is_continued_with_the_block_objective(tmp_path):
+    """`loss.objective=edr` trains the baseline; control and DVD (which carries rows EDR's rounds do not
+    model) continue with the block objective, and still differ in `loss.mode` alone."""
+    cfgs = stage_configs("tiny", tmp_path, preset="quick", overrides=["loss.objective='edr'"])
+    assert cfgs["baseline"].loss.objective == "edr"
+    control, dvd = cfgs["control"], cfgs["dvd"]
+    assert control.loss.objective == dvd.loss.objective == "ce"
+    assert control.with_loss(mode="dvd").replace(name=dvd.name, out_dir=dvd.out_dir) == dvd
+    with pytest.raises(ConfigError, match="baseline-training objective"):
+        stage_configs("tiny", tmp_path, preset="quick", continue_overrides=["loss.objective='edr'"])
