@@ -5,9 +5,9 @@
 # ShareGPT's held-out split, HumanEval and MT-Bench, with paired bootstrap intervals.
 # Every stage resumes (prepare's store, train's checkpoints, the rollout cache): re-run after a stop.
 #   PROMPTS=1000 STEPS=1200 (default): the previous default's size. Measured on 2 CPU cores (AMD EPYC, AVX2,
-#   2026-12-01/02, alone on the machine): prepare ~3 s per conversation (976 records in ~50 min), training 0.42
-#   steps/s with CE + KL (~48 min) and 0.25 with the EDR term (~80 min); the eval (~600 rollouts) an estimated
-#   ~40 min: ~3.5 h in all, over sessions if need be.
+#   2026-12-01/02, alone on the machine): prepare ~3 s per conversation (976 records in ~50 min), training 0.39-0.44
+#   steps/s with CE + KL (~48 min; the equal-compute arm ~72 min) and 0.25 with the EDR term (~80 min); recording
+#   the 534 rollouts 26.5 min, each eval's scoring ~15 min: ~5 h in all, over sessions if need be.
 #   PROMPTS=2304 STEPS=2400: the shipped config's size (~2x that).
 # OUT=runs/edr-ab by default; EVAL_PROMPTS per dataset (default 400: all that fit), EVAL_TOKENS (default 64).
 set -euo pipefail
