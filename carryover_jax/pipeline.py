@@ -49,10 +49,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the reference run of docs/ (an estimated ~6 h on 2 CPU cores, the README): the config as it stands
     # (configs/smollm2.py: 2,304 prompts, 2,400 baseline + 360 continuation steps; the equal-compute control
     # ~3x that). Eval size: the reference run's per-prompt paired differences
-    # (docs/reference-run/eval/results.json, 15 prompts x 64 tokens, T = 0) give Carryover vs control a 95% half-width of ±2.2% on τ and ±3.6% on speedup; the
-    # half-width shrinks as 1/sqrt(prompts), so 30 prompts give ~±1.5% and ~±2.5% (<= ±3% with a margin for
-    # the noisy 15-prompt variance estimate). Cost: that eval took 12.5 min for 4 arms; 30 prompts and 5
-    # arms ~30 min (more tokens per prompt would cut the within-prompt noise only).
+    # (docs/reference-run/eval/results.json, 15 prompts x 64 tokens, T = 0) give Carryover vs control a 95%
+    # half-width of ±2.2% on τ and ±3.6% on speedup; the half-width shrinks as 1/sqrt(prompts), so 30 prompts
+    # give ~±1.5% and ~±2.5% (<= ±3% with a margin for the noisy 15-prompt variance estimate). Cost: that eval
+    # took 12.5 min for 4 arms; 30 prompts and 5 arms ~30 min (more tokens per prompt would cut the
+    # within-prompt noise only).
     "full": {
         "train": {},
         "continue": {},
