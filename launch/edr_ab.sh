@@ -22,20 +22,22 @@ common=(--config smollm2 --set "data.store=$OUT/data" --set "data.max_prompts=$P
 "$C" train "${common[@]}" --set "steps=$STEPS" --set "out_dir=$OUT/ce_kl"
 "$C" train "${common[@]}" --set "steps=$STEPS" --set "out_dir=$OUT/ce_kl_edr" --set loss.objective=edr
 # an eval whose results are written is not scored again (its outputs are complete or absent)
-[[ -f "$OUT/eval/results.json" ]] || "$C" eval --offline --drafter "ce_kl=$OUT/ce_kl/drafter" --drafter "ce_kl_edr=$OUT/ce_kl_edr/drafter" \
+[[ -f "$OUT/eval/results.json" ]] || "$C" eval --offline --drafter "ce_kl=$OUT/ce_kl/drafter" \
+  --drafter "ce_kl_edr=$OUT/ce_kl_edr/drafter" \
   --datasets sharegpt humaneval mtbench --prompts-per-dataset "${EVAL_PROMPTS:-400}" \
   --max-new-tokens "${EVAL_TOKENS:-64}" --temperatures 0 --offline-batch 16 --rollouts "$OUT/rollouts" \
   --out "$OUT/eval"
-# The equal-compute arm: CE + KL for as many steps as the EDR arm's training time buys, from the two runs' own
-# measured rates (median steps/s of their logged windows, the first, which holds compilation, left out; each run
-# had the machine to itself); the same seed, so it sees the same batches for the steps it shares and continues
-# the same order. Then all three arms on the same cached rollouts.
+# The equal-compute arm: CE + KL for as many steps as the EDR arm's training time buys (the pipeline's rule,
+# `compute_match.matched_steps`, on the two runs' own step times: the median steps/s of their logged windows, the
+# first, which holds compilation, left out; each run had the machine to itself); the same seed, so it sees the same
+# batches for the steps it shares and continues the same order. Then all three arms on the same cached rollouts.
 COMPUTE_STEPS="$(.venv/bin/python - "$OUT" "$STEPS" <<'PY'
 import json, statistics, sys
+from carryover_jax.train.compute_match import matched_steps
 out, steps = sys.argv[1], int(sys.argv[2])
-sps = {a: statistics.median(json.loads(l)["steps_per_s"] for l in list(open(f"{out}/{a}/metrics.jsonl"))[1:])
-       for a in ("ce_kl", "ce_kl_edr")}
-print(round(steps * sps["ce_kl"] / sps["ce_kl_edr"]))
+step_s = {a: 1 / statistics.median(json.loads(l)["steps_per_s"] for l in list(open(f"{out}/{a}/metrics.jsonl"))[1:])
+          for a in ("ce_kl", "ce_kl_edr")}
+print(matched_steps(steps, step_s["ce_kl_edr"], step_s["ce_kl"]))
 PY
 )"
 echo "edr_ab: equal-compute CE + KL arm: $COMPUTE_STEPS steps"
