@@ -113,6 +113,11 @@ def test_report_renders_from_a_stored_json(tmp_path, capsys):
         assert (tmp_path / "rep" / png).stat().st_size > 1000
     stored = json.loads((tmp_path / "rep" / "results.json").read_text())
     assert stored["log"] == _stored_result()["log"]
+    # a result stored before the summary held paired comparisons is rewritten with them, derived from its log
+    paired = stored["summary"]["temperatures"]["0"]["paired"]
+    assert paired == M.summarize(stored["log"], DRAFTERS)["temperatures"]["0"]["paired"]
+    assert paired["values"]["carry"]["tau"][0] and "Paired comparisons" in md
+    assert stored["summary"]["check"]["throughput_identical_to_ar"] is True
 
 
 def test_bad_results_file_is_one_line_error(tmp_path, capsys):
@@ -122,6 +127,12 @@ def test_bad_results_file_is_one_line_error(tmp_path, capsys):
     assert main(["eval", "--from-json", str(tmp_path / "x.json"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("carryover eval: error:") and "\n" not in err
+    bad = _stored_result()
+    del bad["log"][2]["accepted"]  # a speculative record without the field the summary reads
+    (tmp_path / "y.json").write_text(json.dumps(bad))
+    assert main(["eval", "--from-json", str(tmp_path / "y.json"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "malformed eval log" in err and "\n" not in err and not (tmp_path / "o").exists()
     assert main(["eval", "--drafter", "ar=/x", "--out", str(tmp_path / "o")]) == 2
     assert "reserved" in capsys.readouterr().err
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from carryover_jax.eval.metrics import summarize
-from carryover_jax.eval.paired import paired_comparisons
 
 
 def _num(x, digits=2, ci=None, suffix=""):
@@ -96,7 +95,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     L += _main_table(summary, drafters, "speedup", "Speedup over AR (batch 1)", 2, "x")
     L.append("")
 
-    L += render_paired(result, summary)
+    L += render_paired(summary)
 
     ck = summary["check"]
     L.append("### Losslessness check (T = 0)")
@@ -154,15 +153,11 @@ def _ci(c: dict, key: str, digits: int, suffix: str = "") -> str:
     return f"{c[key]:+.{digits}f}{suffix} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
 
 
-def render_paired(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
-    """The paired comparisons of every pair of arms (recomputed from the log for a result stored
-    before they existed)."""
-    datasets = list(dict.fromkeys(r["dataset"] for r in result["log"]))
-    labels = [d["label"] for d in result["drafters"]]
+def render_paired(summary: dict[str, Any]) -> list[str]:
+    """The paired comparisons of every pair of arms."""
     rows = []
     for T, tb in summary["temperatures"].items():
-        paired = tb.get("paired") or paired_comparisons(result["log"], labels, float(T), datasets)
-        for pr in paired["pairs"]:
+        for pr in tb["paired"]["pairs"]:
             for ds, cell in pr["datasets"].items():
                 t, sp = cell.get("tau"), cell.get("speedup")
                 if t is None:

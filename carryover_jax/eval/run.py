@@ -233,9 +233,15 @@ def run_eval(target, drafters, items: Sequence[Item], *, max_new_tokens: int = 1
     }
     if diagnostics is not None:
         result["diagnostics"] = diagnostics()
-    result["summary"] = summarize(log, infos)
-    result["summary"]["check"]["throughput_identical_to_ar"] = all(r["identical_to_ar"] for r in throughput)
+    result["summary"] = summary_of(result)
     return result
+
+
+def summary_of(result: dict[str, Any]) -> dict[str, Any]:
+    """Everything the report shows, derived from the result's log, drafters and throughput rows alone."""
+    summary = summarize(result["log"], result["drafters"])
+    summary["check"]["throughput_identical_to_ar"] = all(r["identical_to_ar"] for r in result["throughput"])
+    return summary
 
 
 def _device() -> str:
@@ -269,6 +275,13 @@ def load_result(path: str | Path) -> dict[str, Any]:
         raise CarryoverError(f"{p}: not valid JSON ({e.msg})") from None
     if not isinstance(result, dict) or "log" not in result or "drafters" not in result:
         raise CarryoverError(f"{p}: not a carryover eval result (no log/drafters)")
+    if not result.get("offline"):
+        # the summary is derived from the log: rebuilt, so a result stored by an older version gains what the
+        # summary holds now (the paired comparisons' per-prompt values) and a hand-edited one cannot disagree
+        try:
+            result["summary"] = summary_of({"throughput": [], **result})
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise CarryoverError(f"{p}: a malformed eval log ({type(e).__name__}: {e})") from None
     return result
 
 
