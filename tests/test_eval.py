@@ -132,7 +132,7 @@ def test_bad_results_file_is_one_line_error(tmp_path, capsys):
     (tmp_path / "y.json").write_text(json.dumps(bad))
     assert main(["eval", "--from-json", str(tmp_path / "y.json"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "malformed eval log" in err and "\n" not in err and not (tmp_path / "o").exists()
+    assert "malformed eval result" in err and "\n" not in err and not (tmp_path / "o").exists()
     assert main(["eval", "--drafter", "ar=/x", "--out", str(tmp_path / "o")]) == 2
     assert "reserved" in capsys.readouterr().err
 

@@ -147,5 +147,13 @@ def summarize(log: list[dict], drafters: list[dict]) -> dict[str, Any]:
     return out
 
 
+def result_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """`summarize` of an eval result (its log and drafters), with the check that every throughput batch (if
+    any ran) decoded AR's tokens."""
+    summary = summarize(result["log"], result["drafters"])
+    summary["check"]["throughput_identical_to_ar"] = all(r["identical_to_ar"] for r in result.get("throughput", []))
+    return summary
+
+
 def _tkey(T: float) -> str:
     return f"{float(T):g}"

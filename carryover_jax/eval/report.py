@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from carryover_jax.eval.metrics import summarize
+from carryover_jax.eval.metrics import result_summary
 
 
 def _num(x, digits=2, ci=None, suffix=""):
@@ -31,13 +31,8 @@ def _recall_rows(rep: dict) -> list[str]:
 
 
 def summary_of(result: dict[str, Any]) -> dict[str, Any]:
-    """The stored summary, or one recomputed from the log (a result written without it)."""
-    s = result.get("summary")
-    if not s:
-        s = summarize(result["log"], result["drafters"])
-        if result.get("throughput"):
-            s["check"]["throughput_identical_to_ar"] = all(r["identical_to_ar"] for r in result["throughput"])
-    return s
+    """The stored summary, or one derived from the log (a result written without it)."""
+    return result.get("summary") or result_summary(result)
 
 
 def _main_table(summary, drafters, metric: str, title: str, digits: int, suffix: str = "") -> list[str]:

@@ -25,7 +25,7 @@ from carryover_jax.decode.generate import generate, plan_lengths, speculative_ge
 from carryover_jax.errors import CarryoverError
 from carryover_jax.eval.datasets import load_prompts
 from carryover_jax.eval.diagnostics import run_diagnostics
-from carryover_jax.eval.metrics import summarize
+from carryover_jax.eval.metrics import result_summary
 from carryover_jax.eval.plots import write_plots
 from carryover_jax.eval.report import render_markdown, render_offline
 from carryover_jax.io import atomic_dir
@@ -233,15 +233,8 @@ def run_eval(target, drafters, items: Sequence[Item], *, max_new_tokens: int = 1
     }
     if diagnostics is not None:
         result["diagnostics"] = diagnostics()
-    result["summary"] = summary_of(result)
+    result["summary"] = result_summary(result)
     return result
-
-
-def summary_of(result: dict[str, Any]) -> dict[str, Any]:
-    """Everything the report shows, derived from the result's log, drafters and throughput rows alone."""
-    summary = summarize(result["log"], result["drafters"])
-    summary["check"]["throughput_identical_to_ar"] = all(r["identical_to_ar"] for r in result["throughput"])
-    return summary
 
 
 def _device() -> str:
@@ -279,9 +272,9 @@ def load_result(path: str | Path) -> dict[str, Any]:
         # the summary is derived from the log: rebuilt, so a result stored by an older version gains what the
         # summary holds now (the paired comparisons' per-prompt values) and a hand-edited one cannot disagree
         try:
-            result["summary"] = summary_of({"throughput": [], **result})
+            result["summary"] = result_summary(result)
         except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise CarryoverError(f"{p}: a malformed eval log ({type(e).__name__}: {e})") from None
+            raise CarryoverError(f"{p}: a malformed eval result ({type(e).__name__}: {e})") from None
     return result
 
 
