@@ -80,12 +80,16 @@ def positive(high: float = 1e6, **kw) -> Bound:
 SEED = Bound(0, SEED_MAX)
 
 
+def check(name: str, v: Any, bound: Bound) -> None:
+    """One value within its bound (a library argument), else one `ConfigError` naming it."""
+    if not bound.ok(v):
+        raise ConfigError(f"{name} must be {bound.describe()}, got {v!r}")
+
+
 def check_fields(obj, bounds: Mapping[str, Bound], prefix: str = "") -> None:
     """Every field of `obj` named in `bounds` within its bound; the first that is not raises."""
     for name, b in bounds.items():
-        v = getattr(obj, name)
-        if not b.ok(v):
-            raise ConfigError(f"{prefix}{name} must be {b.describe()}, got {v!r}")
+        check(prefix + name, getattr(obj, name), b)
 
 
 def check_ids(name: str, ids, low: int = 0, high: int = INT32_MAX) -> None:

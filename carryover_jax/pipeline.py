@@ -22,17 +22,20 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from carryover_jax.config import TrainConfig, apply_overrides
+from carryover_jax.config import DrafterConfig, TrainConfig, apply_overrides
 from carryover_jax.configs import ComputeMatched, load_config
 from carryover_jax.errors import ConfigError
 from carryover_jax.eval.curve import curve_rows, snapshot_arms
 from carryover_jax.eval.offline import evaluate_offline
 from carryover_jax.eval.report import render_curve
 from carryover_jax.eval.run import evaluate, load_result, write_outputs
+from carryover_jax.eval.settings import check_settings
 from carryover_jax.io import atomic_write_json
-from carryover_jax.loading import load_target
+from carryover_jax.loading import load_target, target_config
 from carryover_jax.train.loop import train
 from carryover_jax.train.responses import prepare_responses
+from carryover_jax.weights.hf import read_config
+from carryover_jax.weights.registry import resolve_target
 
 # Presets: training overrides (all stages), continuation overrides (control and dvd), eval settings.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -110,6 +113,10 @@ def stage_configs(config: str, out: Path, *, preset: str, overrides: list[str] =
         cfgs[mode] = apply_overrides(c, sets)
     cfgs["control_compute"] = ComputeMatched(cfgs["control"], cfgs["dvd"], str(out / "control_compute"))
     return cfgs
+
+
+# the keywords the pipeline's stages give evaluate / evaluate_offline themselves (not eval settings)
+PIPELINE_OWNED = {"target", "drafters", "out", "progress", "log", "rollouts"}
 
 
 # ---- budgeted presets: measure, plan, then size the stages ---------------------------------------------
@@ -202,6 +209,11 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
     cfgs = stage_configs(config, out, preset=preset, overrides=list(overrides),
                          continue_overrides=list(continue_overrides))
     co = {**PRESETS[preset].get("curve_offline", {}), **(curve_overrides or {})}
+    # refused now, not when the stage that needs them comes after prepare's or the trainings' hours
+    check_settings(ev, set(inspect.signature(evaluate).parameters) - PIPELINE_OWNED, what="--eval-set")
+    check_settings(co, set(inspect.signature(evaluate_offline).parameters) - PIPELINE_OWNED - {"temperatures", "seeds"},
+                   what="curve_offline")  # the curve is scored at T = 0, one pass
+    check_drafter_fits(cfgs["baseline"])
     plan = {"config": config, "preset": preset, "eval": ev, "curve_offline": co,
             "stages": {k: dataclasses.asdict(v) for k, v in cfgs.items()}}
     plan_file = out / "pipeline.json"
@@ -298,6 +310,16 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
         return results
     results["report"] = stage("report", lambda: write_report(out, results))
     return results
+
+
+def check_drafter_fits(cfg: TrainConfig) -> None:
+    """The fresh drafter of `cfg` built against its target's config alone (no weights, no tokenizer), so a spec
+    the target cannot take (a feature layer past its depth, ...) is one error before the stages start. The MASK
+    row stands in when the spec leaves it to the target's tokenizer; the baseline's own build checks that one."""
+    if cfg.init_from:
+        return
+    folder = resolve_target(cfg.target)
+    DrafterConfig.for_target(target_config(folder, read_config(folder)), cfg.drafter, default_mask_token_id=0)
 
 
 def _last_metrics(run_dir: Path) -> dict:

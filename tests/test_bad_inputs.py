@@ -412,7 +412,13 @@ CLI_ROWS = [
         r"previous round's rejected verify states"),
     Row("eval offline batch 0", lambda e: [
         "eval", "--target", str(e.target), "--quiet", "--offline", "--offline-batch", "0", "--out", str(e.tmp / "o"),
-        "--drafter", f"a={e.drafter}", "--datasets", str(e.prompts)], r"--offline-batch must be >= 1"),
+        "--drafter", f"a={e.drafter}", "--datasets", str(e.prompts)],
+        r"argument --offline-batch: must be an integer in \[1, 1048576\], got 0"),
+    # a count past any run's size once took all memory building the list of passes
+    Row("eval seeds absurdly large", lambda e: [
+        "eval", "--target", str(e.target), "--quiet", "--seeds", "1000000000000", "--out", str(e.tmp / "o"),
+        "--drafter", f"a={e.drafter}", "--datasets", str(e.prompts)],
+        r"argument --seeds: must be an integer in \[1, 1048576\], got 1000000000000"),
     # train
     Row("train store missing", lambda e: train_args(e, store=str(e.tmp / "nostore")),
         r"no such response store .*nostore"),
@@ -482,6 +488,19 @@ CLI_ROWS = [
         r"--budget-s: must be"),
     Row("pipeline --eval-set without =", lambda e: ["pipeline", "--eval-set", "prompts", "--out", str(e.tmp / "p")],
         r"--eval-set expects KEY=VALUE, got 'prompts'"),
+    # eval settings are checked when the pipeline starts, not when its eval stage comes after the trainings
+    Row("pipeline --eval-set unknown key", lambda e: ["pipeline", "--config", "tiny", "--eval-set", "promts=4",
+                                                      "--out", str(e.tmp / "p")],
+        r"--eval-set: unknown setting promts \(known: batch_sizes, "),
+    Row("pipeline --eval-set seeds -1", lambda e: ["pipeline", "--config", "tiny", "--eval-set", "seeds=-1",
+                                                   "--out", str(e.tmp / "p")],
+        r"--eval-set seeds must be an integer in \[1, 1048576\], got -1"),
+    Row("pipeline --eval-set batch_sizes not a list", lambda e: ["pipeline", "--config", "tiny", "--eval-set",
+                                                                 "batch_sizes=4", "--out", str(e.tmp / "p")],
+        r"--eval-set batch_sizes must be a list, got 4"),
+    Row("pipeline feature layer past the target's depth", lambda e: [
+        "pipeline", "--config", "tiny", "--set", f"target={e.target}", "--set", "drafter.target_layer_ids=(0, 5)",
+        "--out", str(e.tmp / "p")], r"target layer id 5 out of range \[-1, 1\]"),
     Row("pipeline --dry-run of an unbudgeted preset", lambda e: ["pipeline", "--config", "tiny", "--preset", "quick",
                                                                 "--dry-run", "--out", str(e.tmp / "p")],
         r"--dry-run prints a budget plan: preset 'quick' has no budget"),

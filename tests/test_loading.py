@@ -130,3 +130,37 @@ def test_atomic_dir_keeps_the_previous_folder_and_cleans_dead_writers(tmp_path):
     other.mkdir()
     atomic_dir(out, lambda d: (d / "a").write_text("3"))
     assert (out / "a").read_text() == "3" and not dead.exists() and other.exists()
+
+
+def _zlab_rule(num_target_layers: int, n: int) -> list[int]:
+    """z-lab's `build_target_layer_ids` as its README states it: n layers evenly spaced from 1 to L-3."""
+    if n == 1:
+        return [num_target_layers // 2]
+    return [int(round(1 + i * (num_target_layers - 4) / (n - 1))) for i in range(n)]
+
+
+def test_default_feature_layers_are_zlabs_or_distinct_on_shallow_targets():
+    from carryover_jax.config import zlab_layer_ids
+
+    for depth in range(1, 49):
+        for n in range(1, 7):
+            ids = zlab_layer_ids(depth, n)
+            ref = _zlab_rule(depth, n)
+            if all(a < b for a, b in zip(ref, ref[1:])) and 0 <= ref[0] and ref[-1] < depth:
+                assert list(ids) == ref, (depth, n)  # z-lab's checkpoints tap these: kept exactly
+            else:  # too shallow for n distinct layers by z-lab's rule
+                assert len(ids) == max(1, min(n, depth - 1)) and ids[0] == 0, (depth, n, ids)
+            assert all(a < b for a, b in zip(ids, ids[1:])) and 0 <= ids[0] and ids[-1] < depth, (depth, n, ids)
+
+
+def test_init_drafter_defaults_on_a_three_layer_target(tiny_llama, tmp_path):
+    from carryover_jax.cli import main
+    from carryover_jax.weights.drafter_formats import load_drafter
+    from tests.hf_models import add_word_tokenizer
+
+    shutil.copytree(tiny_llama.path, tmp_path / "t")
+    add_word_tokenizer(tmp_path / "t")
+    assert main(["init-drafter", "--target", str(tmp_path / "t"), "--mask-token-id", "0",
+                 "--out", str(tmp_path / "d")]) == 0
+    cfg, _ = load_drafter(tmp_path / "d")
+    assert cfg.target_layer_ids == (0, 1)  # 3 layers: every layer but the last, not z-lab's (1, 1, 0, 0, 0)

@@ -116,3 +116,26 @@ def test_an_edr_baseline_is_continued_with_the_block_objective(tmp_path):
     assert control.with_loss(mode="dvd").replace(name=dvd.name, out_dir=dvd.out_dir) == dvd
     with pytest.raises(ConfigError, match="baseline-training objective"):
         stage_configs("tiny", tmp_path, preset="quick", continue_overrides=["loss.objective='edr'"])
+
+
+def test_every_presets_eval_settings_pass_the_check_the_pipeline_starts_with():
+    """`run_pipeline` refuses bad eval settings before its first stage; the shipped presets' own must pass it
+    (else every run of the preset would stop at once), and a relative of each bad kind must not."""
+    import inspect
+
+    from carryover_jax.errors import CarryoverError
+    from carryover_jax.eval.offline import evaluate_offline
+    from carryover_jax.eval.run import evaluate
+    from carryover_jax.eval.settings import check_settings
+    from carryover_jax.pipeline import PIPELINE_OWNED, PRESETS
+
+    accepted = set(inspect.signature(evaluate).parameters) - PIPELINE_OWNED
+    for p in PRESETS.values():
+        check_settings(p["eval"], accepted)
+        check_settings(p.get("curve_offline", {}), set(inspect.signature(evaluate_offline).parameters) - PIPELINE_OWNED)
+    ev = PRESETS["full"]["eval"]
+    for bad in ({"seeds": 0}, {"max_new_tokens": 2 ** 40}, {"batch_sizes": [1, 0]}, {"temperatures": [float("nan")]},
+                {"temperatures": []}, {"diagnostics": "yes"}, {"datasets": "sharegpt"}, {"max_len": -1}):
+        with pytest.raises(CarryoverError):
+            check_settings({**ev, **bad}, accepted)
+    check_settings({**ev, "max_len": None, "mask_token_id": None}, accepted)  # None: the eval's own choice

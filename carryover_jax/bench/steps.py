@@ -367,9 +367,7 @@ def _layer_ids(c: TargetConfig) -> tuple[int, ...]:
     n = c.num_layers
     if (c.family, n) in PAPER_LAYER_IDS:
         return PAPER_LAYER_IDS[c.family, n]
-    if n >= 6:
-        return zlab_layer_ids(n)
-    return tuple(range(max(1, n - 1)))  # cut-down CPU runs: every layer but the last
+    return zlab_layer_ids(n)  # cut-down CPU runs (--layers): every layer but the last
 
 
 def _describe(c: TargetConfig) -> str:

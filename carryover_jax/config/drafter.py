@@ -20,10 +20,16 @@ MASK_TOKEN_IDS = {"qwen3": 151669, "gemma": 4}  # Gemma: `<mask>`, DeepSpec's MA
 
 
 def zlab_layer_ids(num_target_layers: int, n: int = 5) -> tuple[int, ...]:
-    """z-lab's default feature layers: evenly spaced from layer 1 to L-3 (Python round)."""
+    """z-lab's default feature layers: evenly spaced from layer 1 to L-3 (Python round). A target too shallow
+    for n distinct layers that way (L < n + 3: z-lab's rule repeats layers, which a drafter cannot tap twice)
+    gets min(n, L-1) distinct layers evenly spaced from 0 to L-2 instead (at least layer 0)."""
     if n == 1:
         return (num_target_layers // 2,)
-    return tuple(int(round(1 + i * (num_target_layers - 4) / (n - 1))) for i in range(n))
+    ids = tuple(int(round(1 + i * (num_target_layers - 4) / (n - 1))) for i in range(n))
+    if all(a < b for a, b in zip(ids, ids[1:])):
+        return ids
+    k = max(1, min(n, num_target_layers - 1))
+    return tuple(int(round(i * (num_target_layers - 2) / max(1, k - 1))) for i in range(k))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -7,8 +7,8 @@ import dataclasses
 import sys
 
 from carryover_jax import bounds as B
-from carryover_jax.decode.generate import check_sampling
 from carryover_jax.errors import CarryoverError
+from carryover_jax.eval.settings import BOUNDS, check_settings
 from carryover_jax.loading import load_target
 from carryover_jax.numerics import Numerics
 from carryover_jax.paths import name_or_path, user_path
@@ -36,25 +36,30 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
                         "(train with snapshot_every) and its final drafter become arms; adds a table and curve.png")
     p.add_argument("--datasets", nargs="+", default=["humaneval", "mtbench", "sharegpt"], type=_dataset_arg,
                    metavar="NAME", help="humaneval | mtbench | sharegpt (held-out split) | PATH.jsonl | LABEL=PATH")
-    p.add_argument("--prompts-per-dataset", type=int, default=8, help="the first N prompts of each dataset that fit")
-    p.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer prompts (after the chat template)")
+    p.add_argument("--prompts-per-dataset", type=B.arg(BOUNDS["prompts_per_dataset"]), default=8,
+                   help="the first N prompts of each dataset that fit")
+    p.add_argument("--max-prompt-tokens", type=B.arg(BOUNDS["max_prompt_tokens"]), default=512,
+                   help="skip longer prompts (after the chat template)")
     p.add_argument("--system", default=None, help="a system prompt (default: none is added)")
-    p.add_argument("--heldout-per-mille", type=B.arg(B.count(0, 1000)), default=None,
+    p.add_argument("--heldout-per-mille", type=B.arg(BOUNDS["heldout_per_mille"]), default=None,
                    help="ShareGPT held-out split (default: the training default, DataConfig.heldout_per_mille)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=B.arg(BOUNDS["max_new_tokens"]), default=128)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    p.add_argument("--seeds", type=int, default=3, help="passes per temperature > 0 (for the confidence interval)")
-    p.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 2, 4, 8],
+    p.add_argument("--seeds", type=B.arg(BOUNDS["seeds"]), default=3,
+                   help="passes per temperature > 0 (for the confidence interval)")
+    p.add_argument("--batch-sizes", type=B.arg(B.size()), nargs="*", default=[1, 2, 4, 8],
                    help="throughput pass at T = 0 (none: skip it)")
-    p.add_argument("--max-len", type=int, default=None, help="KV cache length (default: fits each request)")
-    p.add_argument("--timing-repeats", type=int, default=1,
+    p.add_argument("--max-len", type=B.arg(BOUNDS["max_len"]), default=None,
+                   help="KV cache length (default: fits each request)")
+    p.add_argument("--timing-repeats", type=B.arg(BOUNDS["timing_repeats"]), default=1,
                    help="time every call N times and keep the median (a busy machine); the tokens are the same")
-    p.add_argument("--mask-token-id", type=B.arg(B.count(0)), default=None,
+    p.add_argument("--mask-token-id", type=B.arg(BOUNDS["mask_token_id"]), default=None,
                    help="the MASK row every drafter must use (default: the target's)")
     p.add_argument("--diagnostics", action="store_true",
                    help="also the ON/OFF replay (Carryover arms) and re-convergence of rejected branches, T = 0")
-    p.add_argument("--diagnostic-prompts", type=int, default=4, help="prompts per dataset for --diagnostics")
+    p.add_argument("--diagnostic-prompts", type=B.arg(BOUNDS["diagnostic_prompts"]), default=4,
+                   help="prompts per dataset for --diagnostics")
     p.add_argument("--offline", action="store_true",
                    help="no decoding: exact expected decoding rounds of every arm on the target's own rollouts of "
                         "the prompts (recorded once; T = 0 exact greedy round counts, T > 0 expected rounds); "
@@ -62,7 +67,7 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
     p.add_argument("--rollouts", default=None, metavar="DIR",
                    help="--offline: rollout cache folder (rollouts.jsonl); recorded rollouts are reused, new "
                         "ones appended (default: none kept)")
-    p.add_argument("--offline-batch", type=int, default=8,
+    p.add_argument("--offline-batch", type=B.arg(BOUNDS["batch_size"]), default=8,
                    help="--offline: rollouts recorded and scored per batch")
     p.add_argument("--from-json", default=None, metavar="RESULTS", type=user_path,
                    help="re-render report.md and plots from a stored results.json (or its folder) into --out")
@@ -74,15 +79,7 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
 
 
 def _check_args(args):
-    for name in ("prompts_per_dataset", "max_prompt_tokens", "max_new_tokens", "seeds", "diagnostic_prompts",
-                 "timing_repeats", "offline_batch"):
-        if getattr(args, name) < 1:
-            raise CarryoverError(f"--{name.replace('_', '-')} must be >= 1")
-    if any(b < 1 for b in args.batch_sizes):
-        raise CarryoverError("--batch-sizes must be >= 1")
-    check_sampling(temperature=args.temperatures, max_new_tokens=args.max_new_tokens, max_len=args.max_len)
-    if len(set(args.temperatures)) != len(args.temperatures):
-        raise CarryoverError("--temperatures has duplicates")
+    check_settings({"temperatures": args.temperatures}, ("temperatures",))
 
 
 def main(args) -> int:

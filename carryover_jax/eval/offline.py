@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from carryover_jax import bounds as B
 from carryover_jax.config import DrafterConfig, LossConfig, TargetConfig
 from carryover_jax.decode.generate import generate
 from carryover_jax.decode.sampling import probs
@@ -355,8 +356,7 @@ def evaluate_offline(target, drafters, *, datasets: Sequence[str] = ("humaneval"
     for e in entries:
         if e.carryover:
             raise CarryoverError(CARRYOVER_REFUSAL.format(label=f"drafter {e.label}"))
-    if seeds < 1:
-        raise CarryoverError("--seeds must be >= 1")
+    B.check("seeds", seeds, B.size())
     loaded = load_entries(target, entries, mask_token_id, dtype=dtype)
     items, skipped, heldout_per_mille = load_items(target, datasets, prompts_per_dataset=prompts_per_dataset,
                                                    max_prompt_tokens=max_prompt_tokens, system=system,

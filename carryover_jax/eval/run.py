@@ -21,6 +21,7 @@ import jax
 from tqdm import tqdm
 
 from carryover_jax.config import CARRY_INTERFACES, DataConfig
+from carryover_jax import bounds as B
 from carryover_jax.decode.generate import generate, plan_lengths, speculative_generate
 from carryover_jax.errors import CarryoverError
 from carryover_jax.eval.datasets import load_prompts
@@ -169,10 +170,8 @@ def run_eval(target, drafters, items: Sequence[Item], *, max_new_tokens: int = 1
     `timing_repeats` > 1 repeats every timed call and keeps its median time (a shared, noisy machine)."""
     if not items:
         raise CarryoverError("no prompts")
-    if seeds < 1:
-        raise CarryoverError("--seeds must be >= 1")
-    if timing_repeats < 1:
-        raise CarryoverError("timing_repeats must be >= 1")
+    B.check("seeds", seeds, B.size())
+    B.check("timing_repeats", timing_repeats, B.size())
     run = _Runner(target, drafters, max_new_tokens=max_new_tokens, max_len=max_len, stop_token_ids=stop_token_ids,
                   top_k=top_k, top_p=top_p, repeats=timing_repeats)
     labels = [e.label for e, _ in drafters]
