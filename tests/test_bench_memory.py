@@ -63,3 +63,23 @@ def test_the_command_prints_one_object_per_line(toy_row, monkeypatch, capsys):
     assert all(set(FIELDS) <= set(r) for r in recs)
     assert seen["devices"] == 8  # one node unless --devices
     assert [cfg.loss.mode for _, _, cfg, _ in seen["entries"]] == ["baseline", "dvd", "control"] * 2
+
+
+def test_bench_steps_refuses_a_target_that_cannot_fit_before_drawing_weights():
+    """`carryover bench steps` with its full-size default preset on a 24 GB CPU machine was killed by the
+    kernel's OOM killer; it now refuses with the size it needs, which counts every weight."""
+    import jax
+    import jax.numpy as jnp
+
+    from carryover_jax.bench.steps import check_fits, memory_needed
+    from carryover_jax.config import preset
+    from carryover_jax.errors import ConfigError
+    from carryover_jax.models.target import abstract_params
+
+    cfg = preset("qwen3-4b")
+    weights = sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(abstract_params(cfg)))
+    assert memory_needed(cfg) >= weights > 3e9  # ~4B parameters
+    with pytest.raises(ConfigError, match=r"needs at least .* GB for its weights here, 2\.0 GB are free: cut it"):
+        check_fits(cfg, int(2e9))
+    check_fits(cfg.replace(num_layers=1), int(2e9))  # cut down (--layers 1) it fits
+    check_fits(cfg, None)  # nothing known about the memory: no refusal

@@ -17,6 +17,7 @@ acceptance length: a drafter beats AR decoding on this device when its τ exceed
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Any
 
@@ -31,6 +32,8 @@ from carryover_jax.decode import speculative as sp
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.layers import LiveMask, Prefix, attention_core
 from carryover_jax.models.target import abstract_params
+from carryover_jax.errors import ConfigError
+from carryover_jax.train.gen_memory import device_free_bytes
 from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
 
 
@@ -75,6 +78,7 @@ def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab",
     reported as skipped, so a device check fits its lease; `on_row(rows)` is called after each part (a
     device check saves what it has)."""
     tcfg = target_cfg
+    check_fits(tcfg, free_bytes())
     dcfg = DrafterConfig.for_target(tcfg, kind=kind, layout=layout, num_proposals=proposals, num_layers=draft_layers,
                                     mask_token_id=0, target_layer_ids=_layer_ids(tcfg))
     tp = random_params(abstract_params(tcfg))
@@ -165,6 +169,37 @@ def run(target_cfg: TargetConfig, *, kind: str = "dflash", layout: str = "zlab",
 def _device() -> str:
     d = jax.devices()[0]
     return f"{d.platform}: {getattr(d, 'device_kind', d)}"
+
+
+def free_bytes() -> int | None:
+    """Memory free where the bench runs: the device's as JAX reports it, else (CPU) the host's available memory;
+    None where neither is known."""
+    free = device_free_bytes()
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return free
+
+
+def memory_needed(tcfg: TargetConfig) -> int:
+    """A floor on the bench's memory: the random target weights, plus on a CPU their float32 copies (XLA's CPU
+    dots run narrower weights in float32)."""
+    shapes = jax.tree_util.tree_leaves(abstract_params(tcfg))
+    need = sum(x.size * jnp.dtype(x.dtype).itemsize for x in shapes)
+    if jax.default_backend() == "cpu":
+        need += sum(x.size * 4 for x in shapes if jnp.dtype(x.dtype).itemsize < 4)
+    return int(need)
+
+
+def check_fits(tcfg: TargetConfig, free: int | None) -> None:
+    """Refuse, before any weight is drawn, a target that cannot fit (the full-size default preset on a CPU
+    ended in the kernel's OOM kill, not an error)."""
+    need = memory_needed(tcfg)
+    if free is not None and need > free:
+        raise ConfigError(f"bench steps: {_describe(tcfg)} needs at least {need / 1e9:.1f} GB for its weights here, "
+                          f"{free / 1e9:.1f} GB are free: cut it with --layers N or pick a smaller --preset")
 
 
 def weight_bytes(params, cfg: TargetConfig) -> int:
