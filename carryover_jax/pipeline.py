@@ -49,7 +49,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                  "diagnostics": True, "diagnostic_prompts": 1},
         "curve_offline": {"prompts_per_dataset": 4},
     },
-    # the reference run of docs/ (an estimated ~6 h on 2 CPU cores, the README): the config as it stands
+    # the reference run of docs/ (~4 h on 2 idle CPU cores, the README): the config as it stands
     # (configs/smollm2.py: 2,304 prompts, 2,400 baseline + 360 continuation steps; the equal-compute control
     # ~3x that). Eval size: the reference run's per-prompt paired differences
     # (docs/reference-run/eval/results.json, 15 prompts x 64 tokens, T = 0) give Carryover vs control a 95%

@@ -5,7 +5,7 @@
 # DVD training), evaluate all of them against AR on HumanEval / MT-Bench / held-out ShareGPT, and write
 # report.md (+ JSON, PNG) into the run folder. Re-running resumes; finished stages are skipped.
 #   PRESET=quick (default): a complete small report in ~15 min on 2 CPU cores (a smoke run).
-#   PRESET=full: the reference run of docs/ (an estimated ~6 h on 2 CPU cores from an empty store, at the rates
+#   PRESET=full: the reference run of docs/ (~4 h on 2 otherwise idle CPU cores from an empty store, at the rates
 #   measured 2026-12-02; the README).
 # Extra arguments go to `carryover pipeline`, e.g. --set steps=100 or --out DIR.
 set -euo pipefail

@@ -48,6 +48,7 @@ from carryover_jax.decode.generate import generate
 from carryover_jax.decode.sampling import probs
 from carryover_jax.errors import CarryoverError
 from carryover_jax.eval.paired import paired_bootstrap
+from carryover_jax.eval.settings import BOUNDS
 from carryover_jax.models.drafter import Drafter, draft_index_table, frozen_from_target
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
@@ -356,7 +357,7 @@ def evaluate_offline(target, drafters, *, datasets: Sequence[str] = ("humaneval"
     for e in entries:
         if e.carryover:
             raise CarryoverError(CARRYOVER_REFUSAL.format(label=f"drafter {e.label}"))
-    B.check("seeds", seeds, B.size())
+    B.check("seeds", seeds, BOUNDS["seeds"])
     loaded = load_entries(target, entries, mask_token_id, dtype=dtype)
     items, skipped, heldout_per_mille = load_items(target, datasets, prompts_per_dataset=prompts_per_dataset,
                                                    max_prompt_tokens=max_prompt_tokens, system=system,

@@ -29,6 +29,7 @@ from carryover_jax.eval.diagnostics import run_diagnostics
 from carryover_jax.eval.metrics import result_summary
 from carryover_jax.eval.plots import write_plots
 from carryover_jax.eval.report import render_markdown, render_offline
+from carryover_jax.eval.settings import BOUNDS
 from carryover_jax.io import atomic_dir
 from carryover_jax.loading import default_mask_token_id, load_drafter
 from carryover_jax.models.drafter import check_pair
@@ -170,8 +171,8 @@ def run_eval(target, drafters, items: Sequence[Item], *, max_new_tokens: int = 1
     `timing_repeats` > 1 repeats every timed call and keeps its median time (a shared, noisy machine)."""
     if not items:
         raise CarryoverError("no prompts")
-    B.check("seeds", seeds, B.size())
-    B.check("timing_repeats", timing_repeats, B.size())
+    B.check("seeds", seeds, BOUNDS["seeds"])
+    B.check("timing_repeats", timing_repeats, BOUNDS["timing_repeats"])
     run = _Runner(target, drafters, max_new_tokens=max_new_tokens, max_len=max_len, stop_token_ids=stop_token_ids,
                   top_k=top_k, top_p=top_p, repeats=timing_repeats)
     labels = [e.label for e, _ in drafters]
