@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -16,6 +18,38 @@ from carryover_jax.errors import CarryoverError
 
 TMP_TAG = ".tmp-"
 COMPLETE = ".complete"  # written last into an atomic folder: a folder without it is not trusted
+
+
+@contextlib.contextmanager
+def exclusive(folder: str | os.PathLike, what: str):
+    """Hold the lock of `folder` for the block: a second process that would write it (a job submitted twice, a
+    requeue while the first still runs) is one error instead of two writers interleaving checkpoints or records.
+    An flock on the hidden sibling `.<name>.lock` (the folder itself may be created by an atomic rename, or
+    have to be empty): the kernel drops it when the holder dies, so a killed run leaves no stale lock; the file
+    stays, holding the last holder's pid and host for the message."""
+    folder = Path(folder)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        f = open(folder.parent / f".{folder.name}.lock", "a+")
+    except OSError as e:
+        raise CarryoverError(f"cannot write next to {folder} ({e.strerror or e})") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise CarryoverError(f"{folder} is being written by another {what} ({holder}): wait for it to end, or "
+                             "use another folder") from None
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        f.flush()
+        yield folder
+    finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
 
 
 def _fsync(path: Path) -> None:

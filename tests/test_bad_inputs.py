@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from carryover_jax.errors import CheckpointError, ConfigError, DataError, RequestError, TrainingError
+from carryover_jax.errors import (CarryoverError, CheckpointError, ConfigError, DataError, RequestError,
+                                  TrainingError)
 from tests.hf_models import add_word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -657,6 +658,41 @@ def test_cli_row(row: Row, env, capsys):
     assert rc == row.code, err
     assert len(errors) == 1 and errors[0].startswith(f"carryover {argv[0]}: error: "), err
     assert re.search(row.match, errors[0]), errors[0]
+
+
+def test_a_folder_another_process_writes_is_refused_and_freed_when_it_dies(env, capsys):
+    """Two writers of one run folder or store (a job submitted twice, a requeue while the first still runs) would
+    interleave checkpoints or records. The second is one error naming the holder; a holder killed with SIGKILL
+    leaves no stale lock."""
+    from carryover_jax.io import exclusive
+
+    run, store = env.tmp / "run", env.tmp / "st"
+    with exclusive(run, "training"):  # held through another open file: flock refuses it in this process too
+        rc, err = _run_cli(train_args(env, "--set", "steps=2", out=str(run)), capsys)
+        assert rc == 2 and re.search(rf"{re.escape(str(run))} is being written by another training \(pid "
+                                     rf"{os.getpid()} on .*\): wait for it to end, or use another folder", err), err
+    with exclusive(store, "prepare"):
+        rc, err = _run_cli(["prepare", "--config", "tiny", "--quiet", "--set", f"target={env.target}", "--set",
+                            f"data.store={store}", "--set", f"data.source={env.prompts}"], capsys)
+        assert rc == 2 and "is being written by another prepare" in err, err
+    assert not store.exists()  # refused before the store was created
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from carryover_jax.io import exclusive
+        with exclusive({str(run)!r}, "training"):
+            print("held", flush=True)
+            time.sleep(600)
+        """)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CarryoverError, match=rf"pid {holder.pid} on "):
+            with exclusive(run, "training"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive(run, "training"):  # the kernel dropped the dead holder's lock
+        pass
 
 
 def test_paths_with_dotdot_are_resolved_at_the_boundary(env, capsys, monkeypatch):

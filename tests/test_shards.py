@@ -294,7 +294,8 @@ def test_two_process_prepare_matches_the_one_process_store(tiny_llama, tmp_path,
     out = json.loads((tmp_path / "shard1.log").read_text().strip().splitlines()[-1])
     assert out["written"] == str(sharded / "shard-00001-of-00002")
 
-    assert sorted(p.name for p in sharded.iterdir()) == ["shard-00000-of-00002", "shard-00001-of-00002"]
+    assert sorted(p.name for p in sharded.iterdir()) == [  # the shards, and each writer's lock (io.exclusive)
+        ".shard-00000-of-00002.lock", ".shard-00001-of-00002.lock", "shard-00000-of-00002", "shard-00001-of-00002"]
     one, two = open_store(single), open_store(sharded)
     shards = [ResponseStore.open(sharded / shard_name(i, 2)) for i in range(2)]
     assert all(len(s) for s in shards) and sum(map(len, shards)) == len(one) >= 6

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -16,7 +17,7 @@ from tqdm import tqdm
 
 from carryover_jax.config import DrafterConfig, TrainConfig
 from carryover_jax.errors import CarryoverError, ConfigError
-from carryover_jax.io import atomic_write_json
+from carryover_jax.io import atomic_write_json, exclusive
 from carryover_jax.loading import default_mask_token_id, load_drafter, load_target
 from carryover_jax.models.drafter import frozen_from_target, init_drafter_params, with_draft_head
 from carryover_jax.train.checkpoint import Checkpointer, abstract_like
@@ -128,6 +129,13 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
     before its step (the data-order tests of the controls)."""
     maybe_initialize()
     out = prepare_out_dir(cfg.out_dir)  # a read-only/unusable out_dir fails here, before any work
+    # one writer per run folder (process 0 for all of a multi-host run, whose processes share it)
+    with exclusive(out, "training") if is_main() else contextlib.nullcontext():
+        return _train(cfg, out, progress=progress, stop_at_step=stop_at_step, on_batch=on_batch)
+
+
+def _train(cfg: TrainConfig, out: Path, *, progress: bool, stop_at_step: int | None,
+           on_batch: Callable[[int, dict], None] | None) -> dict[str, Any]:
     store = open_store(cfg.data.store)  # one store, or all shards of a sharded one
     if len(store) == 0:
         raise CarryoverError(f"response store {cfg.data.store} has no records: run `carryover prepare` first")

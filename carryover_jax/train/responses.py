@@ -26,6 +26,7 @@ import functools
 import hashlib
 import itertools
 import sys
+from pathlib import Path
 from typing import Any, Iterator
 
 import jax
@@ -35,6 +36,7 @@ import numpy as np
 from carryover_jax.config import DataConfig, TargetConfig
 from carryover_jax.decode.generate import generate, pad_batch
 from carryover_jax.errors import CarryoverError, ConfigError
+from carryover_jax.io import exclusive
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train.gen_memory import FEATURE_BUCKET, generation_batch
 from carryover_jax.train.sources import Conversation, conversations
@@ -295,11 +297,19 @@ def prepare_responses(cfg: DataConfig, target, *, progress: bool = True, stop_af
     memory budget) are replayed together and committed one by one; conversations already committed
     (as records or as dropped) are skipped, so an interrupted run resumed with the same settings ends
     with exactly the store of an uninterrupted one, which is then marked complete. `stop_after_batches`
-    stops after that many newly processed batches (tests of resumption)."""
-    from tqdm.auto import tqdm
-
+    stops after that many newly processed batches (tests of resumption). One process fills a store (or a
+    shard) at a time: a second is refused while the first runs."""
     _check(cfg, target)
     folder = shard_path(cfg.store, shard, num_shards)  # a wrong layout is refused before any work
+    with exclusive(folder, "prepare"):  # one writer per store (per shard of a sharded one)
+        return _fill(cfg, target, folder, progress=progress, stop_after_batches=stop_after_batches, shard=shard,
+                     num_shards=num_shards)
+
+
+def _fill(cfg: DataConfig, target, folder: Path, *, progress: bool, stop_after_batches: int | None, shard: int,
+          num_shards: int) -> ResponseStore:
+    from tqdm.auto import tqdm
+
     planned = None if cfg.max_prompts is None else len(range(shard, cfg.max_prompts, num_shards))
     size, why = generation_batch(cfg, target.cfg, max_rows=planned)
     print(f"prepare: generation batch {size} ({why})", file=sys.stderr)
