@@ -132,6 +132,10 @@ def train_args(e: Env, *extra: str, store: str | None = None, out: str | None = 
             *extra]
 
 
+def pipeline_args(e: Env, *extra: str) -> list[str]:
+    return ["pipeline", "--config", "tiny", *extra, "--out", str(e.tmp / "p")]
+
+
 def corrupt_store(e: Env, fn: Callable[[Path], Any]) -> str:
     d = e.copy("store")
     fn(d)
@@ -490,18 +494,17 @@ CLI_ROWS = [
     Row("pipeline --eval-set without =", lambda e: ["pipeline", "--eval-set", "prompts", "--out", str(e.tmp / "p")],
         r"--eval-set expects KEY=VALUE, got 'prompts'"),
     # eval settings are checked when the pipeline starts, not when its eval stage comes after the trainings
-    Row("pipeline --eval-set unknown key", lambda e: ["pipeline", "--config", "tiny", "--eval-set", "promts=4",
-                                                      "--out", str(e.tmp / "p")],
+    Row("pipeline --eval-set unknown key", lambda e: pipeline_args(e, "--eval-set", "promts=4"),
         r"--eval-set: unknown setting promts \(known: batch_sizes, "),
-    Row("pipeline --eval-set seeds -1", lambda e: ["pipeline", "--config", "tiny", "--eval-set", "seeds=-1",
-                                                   "--out", str(e.tmp / "p")],
+    Row("pipeline --eval-set seeds -1", lambda e: pipeline_args(e, "--eval-set", "seeds=-1"),
         r"--eval-set seeds must be an integer in \[1, 1048576\], got -1"),
-    Row("pipeline --eval-set batch_sizes not a list", lambda e: ["pipeline", "--config", "tiny", "--eval-set",
-                                                                 "batch_sizes=4", "--out", str(e.tmp / "p")],
+    Row("pipeline --eval-set batch_sizes not a list", lambda e: pipeline_args(e, "--eval-set", "batch_sizes=4"),
         r"--eval-set batch_sizes must be a list, got 4"),
-    Row("pipeline feature layer past the target's depth", lambda e: [
-        "pipeline", "--config", "tiny", "--set", f"target={e.target}", "--set", "drafter.target_layer_ids=(0, 5)",
-        "--out", str(e.tmp / "p")], r"target layer id 5 out of range \[-1, 1\]"),
+    Row("pipeline --eval-set batch size 0", lambda e: pipeline_args(e, "--eval-set", "batch_sizes=[1, 0]"),
+        r"--eval-set batch_sizes must be an integer in \[1, 1048576\], got 0"),
+    Row("pipeline feature layer past the target's depth", lambda e: pipeline_args(
+        e, "--set", f"target={e.target}", "--set", "drafter.target_layer_ids=(0, 5)"),
+        r"target layer id 5 out of range \[-1, 1\]"),
     Row("pipeline --dry-run of an unbudgeted preset", lambda e: ["pipeline", "--config", "tiny", "--preset", "quick",
                                                                 "--dry-run", "--out", str(e.tmp / "p")],
         r"--dry-run prints a budget plan: preset 'quick' has no budget"),

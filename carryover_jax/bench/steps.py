@@ -29,10 +29,10 @@ from carryover_jax.config import DrafterConfig, LossConfig, TargetConfig, TrainC
 from carryover_jax.decode.buckets import next_bucket
 from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode import speculative as sp
+from carryover_jax.errors import ConfigError
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.layers import LiveMask, Prefix, attention_core
 from carryover_jax.models.target import abstract_params
-from carryover_jax.errors import ConfigError
 from carryover_jax.train.gen_memory import device_free_bytes
 from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
 

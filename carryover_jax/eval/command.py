@@ -48,7 +48,7 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--seeds", type=B.arg(BOUNDS["seeds"]), default=3,
                    help="passes per temperature > 0 (for the confidence interval)")
-    p.add_argument("--batch-sizes", type=B.arg(B.size()), nargs="*", default=[1, 2, 4, 8],
+    p.add_argument("--batch-sizes", type=B.arg(BOUNDS["batch_sizes"]), nargs="*", default=[1, 2, 4, 8],
                    help="throughput pass at T = 0 (none: skip it)")
     p.add_argument("--max-len", type=B.arg(BOUNDS["max_len"]), default=None,
                    help="KV cache length (default: fits each request)")

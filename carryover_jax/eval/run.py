@@ -20,8 +20,8 @@ from typing import Any, Callable, Sequence
 import jax
 from tqdm import tqdm
 
-from carryover_jax.config import CARRY_INTERFACES, DataConfig
 from carryover_jax import bounds as B
+from carryover_jax.config import CARRY_INTERFACES, DataConfig
 from carryover_jax.decode.generate import generate, plan_lengths, speculative_generate
 from carryover_jax.errors import CarryoverError
 from carryover_jax.eval.datasets import load_prompts

@@ -22,7 +22,9 @@ BOUNDS: dict[str, B.Bound] = {
     "heldout_per_mille": B.count(0, 1000),
     "mask_token_id": B.count(0),
     "batch_size": B.size(),  # evaluate_offline: rollouts recorded and scored per batch (--offline-batch)
+    "batch_sizes": B.size(),  # each of the throughput pass's batch sizes
 }
+LISTS = ("batch_sizes", "temperatures", "datasets")
 OPTIONAL = ("max_len", "heldout_per_mille", "mask_token_id")  # None: the default the eval picks
 SWITCHES = ("chat", "diagnostics", "plots")
 
@@ -36,15 +38,13 @@ def check_settings(settings: Mapping[str, Any], accepted: Iterable[str], what: s
     for key, v in settings.items():
         if v is None and key in OPTIONAL:
             continue
+        if key in LISTS and not isinstance(v, (list, tuple)):
+            raise ConfigError(f"{what} {key} must be a list, got {v!r}")
         if key in BOUNDS:
-            B.check(f"{what} {key}", v, BOUNDS[key])
+            for x in v if key in LISTS else [v]:
+                B.check(f"{what} {key}", x, BOUNDS[key])
         elif key in SWITCHES and not isinstance(v, bool):
             raise ConfigError(f"{what} {key} must be True or False, got {v!r}")
-    for key in ("batch_sizes", "temperatures", "datasets"):
-        if key in settings and not isinstance(settings[key], (list, tuple)):
-            raise ConfigError(f"{what} {key} must be a list, got {settings[key]!r}")
-    for b in settings.get("batch_sizes", ()):
-        B.check(f"{what} batch_sizes", b, B.size())
     temps = list(settings.get("temperatures", ()))
     if "temperatures" in settings and not temps:
         raise ConfigError(f"{what} temperatures must name at least one temperature")
