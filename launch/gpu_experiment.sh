@@ -211,7 +211,7 @@ dry_run() {
   for f in "${PROMISED[@]}"; do
     [[ -s "$tmp/out/$f" ]] || die "call 2 wrote no $f"
   done
-  tar -tzf "$tmp/out/plots.tar.gz" | grep -q '\.png$' || die "call 2's plots.tar.gz holds no plot"
+  tar -tzf "$tmp/out/plots.tar.gz" | grep '\.png$' >/dev/null || die "call 2's plots.tar.gz holds no plot"
   echo "dry run: ok ($n files in \$OUT: $(ls "$tmp/out" | tr '\n' ' '))"
 }
 
