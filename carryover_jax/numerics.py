@@ -8,7 +8,8 @@ drafter's backbone carries `Numerics.drafter_view()`), set at the runtime bounda
 `load_drafter`, `train`, `prepare`, the CLI), and every serializer leaves it out.
 
 A field left `None` is "the platform's default", filled by `resolve(platform)`: bfloat16 params,
-activations and caches on accelerators, float32 on CPU; attention "auto" on accelerators (the fused
+activations and caches on accelerators, float32 on CPU (where a bf16 run keeps float32 caches unless
+asked: `resolve`); attention "auto" on accelerators (the fused
 kernels where they exist), "einsum" on CPU; the vocabulary-major tied head on CPU only. The platform is
 an argument, not only the process's default backend, so a CUDA program can be built, lowered
 (`lower(lowering_platforms=("cuda",))`) and inspected from a CPU machine. The drafter's params default
@@ -100,15 +101,31 @@ class Numerics:
     def resolve(self, platform: str | None = None) -> "Numerics":
         """Fill the unset fields with `platform`'s defaults. An explicit `dtype` also sets the unset param
         and cache dtypes of the target (`--dtype bfloat16` on a CPU means a bf16 target), not the drafter's."""
-        base = Numerics.platform_default(platform)
+        p = canonical_platform(platform)
+        base = Numerics.platform_default(p)
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        # on CPU an unset cache dtype stays float32 whatever the compute dtype: XLA CPU has no bf16/fp16
+        # scatter or dynamic-update-slice, so every cache write of a narrow cache converts the whole buffer
+        # to float32 and back (SmolLM2 at batch 64: a step 2.2x slower than with a float32 cache)
+        follow = p != "cpu"
         if self.dtype is not None:
             out["param_dtype"] = out["param_dtype"] or self.dtype
-            out["cache_dtype"] = out["cache_dtype"] or self.dtype
-        elif self.param_dtype is not None:  # a bf16 target alone: compute and cache follow its params
+            out["cache_dtype"] = out["cache_dtype"] or (self.dtype if follow else None)
+        elif self.param_dtype is not None:  # a bf16 target alone: compute (and cache) follow its params
             out["dtype"] = self.param_dtype
-            out["cache_dtype"] = out["cache_dtype"] or self.param_dtype
-        return Numerics(**{k: (v if v is not None else getattr(base, k)) for k, v in out.items()})
+            out["cache_dtype"] = out["cache_dtype"] or (self.param_dtype if follow else None)
+        resolved = Numerics(**{k: (v if v is not None else getattr(base, k)) for k, v in out.items()})
+        if p == "cpu":
+            resolved.check_cpu_support()
+        return resolved
+
+    def check_cpu_support(self) -> None:
+        """One warning line (once per process) where this CPU lacks native bf16 arithmetic: the run goes
+        on, and XLA emulates bf16 dots in float32 (slower than float32 itself, same results)."""
+        narrow = {getattr(self, f) for f in ("param_dtype", "drafter_param_dtype", "dtype", "cache_dtype")}
+        if "bfloat16" in narrow and not cpu_has_native_bf16():
+            _warn_once("numerics: this CPU has no native bf16 arithmetic (no avx512_bf16 / amx_bf16 flag): "
+                       "bf16 runs emulated, slower than float32; use float32 here")
 
     def over(self, base: "Numerics | None") -> "Numerics":
         """These fields where set, `base`'s elsewhere (e.g. prepare's `data.numerics` over the run's)."""
@@ -153,6 +170,38 @@ class Numerics:
                 f"cache {self.cache_dtype}, attention {self.attention_backend}, lm_head {self.lm_head}")
 
 
+# CPU flags of native bf16 dots (AVX-512 BF16 on Zen 4 / Cooper Lake+, AMX on Sapphire Rapids+; Arm's
+# bf16 extension)
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bf16 dots natively (Linux: /proc/cpuinfo's flags; elsewhere assumed)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return True  # no way to tell: no warning
+    flags = set()
+    for line in cpuinfo.splitlines():
+        key, _, val = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(val.split())
+    return bool(flags & set(BF16_CPU_FLAGS))
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    import sys
+
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        print(f"warning: {msg}", file=sys.stderr)
+
+
 def _jnp_dtype(name: str | None):
     import jax.numpy as jnp
 
@@ -162,6 +211,36 @@ def _jnp_dtype(name: str | None):
 # float32 everywhere, einsum attention: the reference the parity tests compare with HF (and what a
 # model config holds until the runtime boundary sets the run's numerics)
 REFERENCE = Numerics.platform_default("cpu")
+
+
+# ---- dots ---------------------------------------------------------------------------------------------
+def dot_f32(lhs, rhs, dimension_numbers, precision=None):
+    """`lax.dot_general` accumulated and returned in float32, whatever the operand dtypes.
+
+    Lowered for CPU, a bf16/fp16 dot whose lhs has a single row (an AR step at batch 1, a one-token
+    drafter query) is computed on two rows (the second zero) and the first is kept: XLA CPU has no
+    narrow-dtype kernel for a one-row product and would convert the whole rhs (every weight of the
+    model, at every step) to float32 first; at two rows it runs the bf16 kernel. Other platforms
+    lower the plain dot."""
+    import jax
+    import jax.numpy as jnp
+
+    def plain(a, b):
+        return jax.lax.dot_general(a, b, dimension_numbers, precision=precision, preferred_element_type=jnp.float32)
+
+    (lc, _), (lb, _) = dimension_numbers
+    free = [i for i in range(lhs.ndim) if i not in lc and i not in lb]
+    if lhs.dtype == jnp.float32 or lb or math.prod(lhs.shape[i] for i in free) != 1 or not free:
+        return plain(lhs, rhs)
+
+    def two_rows(a, b):
+        axis = free[0]
+        pad = [(0, 0)] * a.ndim
+        pad[axis] = (0, 1)
+        out = plain(jnp.pad(a, pad), b)  # the lhs free dims lead the output, in order
+        return jax.lax.slice_in_dim(out, 0, 1, axis=free.index(axis))
+
+    return jax.lax.platform_dependent(lhs, rhs, cpu=two_rows, default=plain)
 
 
 # ---- LM heads -----------------------------------------------------------------------------------------
@@ -177,10 +256,9 @@ def lm_head_logits(h, weight, *, vocab_major_weight: bool, impl: str = "plain"):
     import jax.numpy as jnp
 
     w = weight.astype(h.dtype)
-    if not vocab_major_weight:
-        return jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
+    last = ((h.ndim - 1,), (0 if not vocab_major_weight else 1,)), ((), ())
     rows = math.prod(h.shape[:-1])
-    if impl != "vocab_major" or rows == 1 or rows > VOCAB_MAJOR_MAX_ROWS:
-        return jnp.einsum("...d,vd->...v", h, w, preferred_element_type=jnp.float32)
+    if not vocab_major_weight or impl != "vocab_major" or rows == 1 or rows > VOCAB_MAJOR_MAX_ROWS:
+        return dot_f32(h, w, last)
     vt = jnp.einsum("vd,nd->vn", w, h.reshape(rows, h.shape[-1]), preferred_element_type=jnp.float32)
     return jax.lax.optimization_barrier(vt).T.reshape(*h.shape[:-1], -1)

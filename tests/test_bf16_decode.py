@@ -1,5 +1,5 @@
 """bf16 decoding (params, activations and both KV caches in bfloat16, the accelerator setting; float32
-stays the CPU default): greedy output follows float32 for a bounded number of tokens, and greedy
+stays the CPU default, and a CPU bf16 run keeps float32 caches unless asked: here they are asked): greedy output follows float32 for a bounded number of tokens, and greedy
 speculative decoding still equals AR decoding of the same bf16 target."""
 
 import jax
@@ -11,8 +11,10 @@ from carryover_jax import generate, load_target
 from carryover_jax.config import DrafterConfig
 from carryover_jax.decode.generate import speculative_generate
 from carryover_jax.models.drafter import init_drafter_params
+from carryover_jax.numerics import Numerics
 
 MAX_NEW = [12, 5, 16, 9]
+BF16 = Numerics(dtype="bfloat16", cache_dtype="bfloat16")
 
 
 def _prompts(seed=0, lens=(4, 13, 7, 9)):
@@ -27,7 +29,7 @@ def _bf16_drafter(cfg, params):
 
 def test_bf16_target_loads_caches_and_follows_float32_greedy(tiny_llama):
     f32 = load_target(tiny_llama.path, tokenizer=False)
-    bf = load_target(tiny_llama.path, tokenizer=False, dtype="bfloat16")
+    bf = load_target(tiny_llama.path, tokenizer=False, numerics=BF16)
     assert f32.cfg.dtype == "float32" and all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(f32.params))
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(bf.params))
     from carryover_jax.models.target import new_cache
@@ -46,7 +48,7 @@ def test_bf16_target_loads_caches_and_follows_float32_greedy(tiny_llama):
                                                    pytest.param("markov", "deepspec", True, marks=pytest.mark.heavy),
                                                    ("dflash", "deepspec", False)])
 def test_bf16_greedy_speculative_equals_bf16_ar(tiny_llama, kind, layout, carryover):
-    target = load_target(tiny_llama.path, tokenizer=False, dtype="bfloat16")
+    target = load_target(tiny_llama.path, tokenizer=False, numerics=BF16)
     cfg = DrafterConfig.for_target(target.cfg, kind=kind, layout=layout, num_proposals=4, num_layers=1,
                                    mask_token_id=4, target_layer_ids=(0, 1),
                                    markov_rank=8 if kind == "markov" else None)

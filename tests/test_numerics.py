@@ -29,9 +29,10 @@ def test_cuda_numerics_resolve_from_a_cpu_process():
     assert cpu == REFERENCE == Numerics.for_platform("cpu")
     assert (cpu.param_dtype, cpu.dtype, cpu.attention_backend, cpu.lm_head) == ("float32", "float32", "einsum",
                                                                                  "vocab_major")
-    # an explicit compute dtype carries the target's params and caches; the drafter's params stay float32
+    # an explicit compute dtype carries the target's params (and caches, but on CPU: test_bf16_cpu); the
+    # drafter's params stay float32
     bf = Numerics.for_platform("cpu", dtype="bfloat16")
-    assert (bf.param_dtype, bf.cache_dtype, bf.drafter_param_dtype) == ("bfloat16", "bfloat16", "float32")
+    assert (bf.param_dtype, bf.cache_dtype, bf.drafter_param_dtype) == ("bfloat16", "float32", "float32")
     assert Numerics.for_platform("cuda", dtype="float32").param_dtype == "float32"
     assert Numerics.for_platform("cuda", cache_dtype="float32").dtype == "bfloat16"
     with pytest.raises(ConfigError, match="unknown platform 'metal'"):
@@ -103,7 +104,7 @@ def test_train_and_prepare_numerics_from_configs_and_overrides():
         TrainConfig(compute_dtype="bfloat16", numerics=Numerics(dtype="float32"))
     c = apply_overrides(cfg, ["numerics.dtype=bfloat16", "numerics.attention_backend=pallas",
                               "data.numerics.cache_dtype=float32"])
-    assert c.run_numerics("cpu").dtype == "bfloat16" and c.run_numerics("cpu").cache_dtype == "bfloat16"
+    assert c.run_numerics("cuda").dtype == "bfloat16" and c.run_numerics("cuda").cache_dtype == "bfloat16"
     prep = c.run_numerics("cuda", prepare=True)  # prepare: data.numerics over the run's
     assert (prep.dtype, prep.cache_dtype, prep.attention_backend) == ("bfloat16", "float32", "pallas")
     with pytest.raises(ConfigError, match="numerics.dtype must be one of"):

@@ -26,7 +26,7 @@ from carryover_jax.config import TargetConfig
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.cache import KVCache, chunk_limit, chunk_mask, write_chunk
 from carryover_jax.models.layers import (
-    MLP, Attention, Blockwise, LiveMask, Prefix, RMSNorm, dtype_of, rope_inv_freq, tied_logits,
+    MLP, Attention, Blockwise, LiveMask, Prefix, RMSNorm, accumulate_f32, dtype_of, rope_inv_freq, tied_logits,
 )
 
 Array = jax.Array
@@ -176,7 +176,7 @@ class TargetLM(nn.Module):
             self.lm_head = nn.Dense(
                 c.vocab_size, use_bias=False, dtype=dt, param_dtype=pdt,
                 kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("embed", "vocab")),
-                dot_general=functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32),
+                dot_general=functools.partial(accumulate_f32, f32_out=True),
             )
 
     def embed(self, tokens: Array) -> Array:

@@ -1,0 +1,97 @@
+"""bf16 on a CPU: the dots run the CPU's bf16 kernels (no float32 copy of any weight or cache), the cache
+stays float32 unless asked, the logits follow float32 within bf16's rounding, and a CPU without native bf16
+gets one warning line."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from carryover_jax import load_target
+from carryover_jax import numerics as N
+from carryover_jax.decode import autoregressive as ar
+from carryover_jax.models.target import TargetLM, new_cache
+from carryover_jax.numerics import Numerics, dot_f32
+
+
+def _f32_copies_of_params(hlo: str, params) -> list[str]:
+    """The float32 arrays of a narrow weight's shape that a compiled program materialises: instructions of
+    its unfused computations (entry, loop bodies) whose result has that shape. (A convert fused into a
+    gather or a dot's own fusion touches only what it reads and is not listed.)"""
+    shapes = {",".join(map(str, x.shape)) for x in jax.tree_util.tree_leaves(params) if x.ndim == 2}
+    found, fused = [], False
+    for line in hlo.splitlines():
+        if line.startswith(("%", "ENTRY")):
+            fused = line.startswith("%") and "_computation" in line.split(" ")[0]
+            continue
+        m = re.search(r"= f32\[([\d,]+)\]", line)
+        if not fused and m and m.group(1) in shapes:
+            found.append(line.strip()[:160])
+    return found
+
+
+def test_cpu_bf16_keeps_a_float32_cache_unless_asked():
+    bf = Numerics.for_platform("cpu", dtype="bfloat16")
+    assert (bf.param_dtype, bf.dtype, bf.cache_dtype) == ("bfloat16", "bfloat16", "float32")
+    assert Numerics.for_platform("cpu", param_dtype="bfloat16").cache_dtype == "float32"
+    assert Numerics.for_platform("cpu", dtype="bfloat16", cache_dtype="bfloat16").cache_dtype == "bfloat16"
+    assert Numerics.for_platform("cuda", dtype="bfloat16").cache_dtype == "bfloat16"
+    assert Numerics.for_platform("tpu", param_dtype="bfloat16").cache_dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_bf16_decode_step_converts_no_weight_to_float32(tiny_llama, batch):
+    """XLA CPU has no bf16 x bf16 -> bf16 kernel, nor a one-row bf16 one: a dot of either kind converts its
+    weight to float32 at every step (slower than float32 weights). Every dot of the AR step must reach the
+    CPU's bf16 kernels: batch 1 is the one-row case (`numerics.dot_f32`)."""
+    t = load_target(tiny_llama.path, tokenizer=False, dtype="bfloat16")
+    cache = new_cache(t.cfg, batch, 32).with_lengths(jnp.full((batch,), 5, jnp.int32))
+    hlo = ar.step.lower(t.cfg, t.params, cache, jnp.zeros((batch,), jnp.int32)).compile().as_text()
+    assert _f32_copies_of_params(hlo, t.params) == []
+    assert all(x.dtype == jnp.float32 for x in new_cache(t.cfg, 1, 8).k)
+
+
+def test_one_row_dot_equals_the_plain_product():
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.normal(size=(48, 40)), jnp.bfloat16)
+    for shape in [(1, 48), (1, 1, 48), (48,), (3, 48)]:
+        x = jnp.asarray(rng.normal(size=shape), jnp.bfloat16)
+        dims = (((x.ndim - 1,), (0,)), ((), ()))
+        got = jax.jit(lambda a, b: dot_f32(a, b, dims))(x, w)
+        want = np.asarray(x, np.float32) @ np.asarray(w, np.float32)
+        assert got.dtype == jnp.float32 and got.shape == want.shape
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_logits_follow_float32(tiny_llama):
+    """The stated tolerance: bf16 params and activations move the log-probabilities by less than 0.1 nats on
+    the tiny model (bf16 keeps 8 bits of mantissa: ~0.4% per rounding, over 2 layers), and the top token
+    agrees wherever float32's margin is above 0.1 nats."""
+    f32 = load_target(tiny_llama.path, tokenizer=False)
+    bf = load_target(tiny_llama.path, tokenizer=False, dtype="bfloat16")
+    ids = jnp.asarray(np.random.default_rng(1).integers(3, 97, size=(3, 17)), jnp.int32)
+    a = jax.nn.log_softmax(jax.jit(lambda p, x: TargetLM(f32.cfg).apply({"params": p}, x)[0])(f32.params, ids))
+    b = jax.nn.log_softmax(jax.jit(lambda p, x: TargetLM(bf.cfg).apply({"params": p}, x)[0])(bf.params, ids))
+    assert b.dtype == jnp.float32
+    assert float(jnp.max(jnp.abs(a - b))) < 0.1
+    top2 = jnp.sort(a, axis=-1)[..., -2:]
+    clear = (top2[..., 1] - top2[..., 0]) > 0.1
+    assert bool(jnp.all(jnp.where(clear, jnp.argmax(a, -1) == jnp.argmax(b, -1), True)))
+
+
+def test_a_cpu_without_native_bf16_gets_one_warning_line(monkeypatch, capsys):
+    assert N.cpu_has_native_bf16("processor : 0\nflags : fpu sse avx2 avx512f avx512_bf16\n")
+    assert N.cpu_has_native_bf16("Features : fp asimd bf16\n")
+    assert not N.cpu_has_native_bf16("flags : fpu sse avx2 avx512f\n")
+    monkeypatch.setattr(N, "cpu_has_native_bf16", lambda cpuinfo=None: False)
+    monkeypatch.setattr(N, "_WARNED", set())
+    Numerics.for_platform("cpu")  # float32: nothing to say
+    assert capsys.readouterr().err == ""
+    Numerics.for_platform("cpu", dtype="bfloat16")
+    Numerics.for_platform("cpu", param_dtype="bfloat16")
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "no native bf16" in err[0] and "avx512_bf16" in err[0]
+    Numerics.for_platform("cuda", dtype="bfloat16")  # another platform's program: no CPU question
+    assert capsys.readouterr().err == ""
