@@ -40,14 +40,15 @@ def _prose(text: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _anchors(path: Path) -> frozenset[str]:
-    """GitHub's heading ids of a Markdown file: lower case, punctuation dropped, spaces to '-', repeats numbered."""
+    """GitHub's heading ids of a Markdown file: lower case, punctuation but `-` and `_` dropped, spaces to '-',
+    repeats numbered."""
     seen: dict[str, int] = {}
     out = set()
     for line in _prose(_text(path)).splitlines():
         m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
         if not m:
             continue
-        title = re.sub(r"`|\*\*|\*|_(?=\w)|(?<=\w)_", "", m.group(1))
+        title = re.sub(r"[`*]", "", m.group(1))
         title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title)
         slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
         n = seen.get(slug, 0)
