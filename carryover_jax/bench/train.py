@@ -62,7 +62,7 @@ def _synthetic_store(path: Path, target, cfg: TrainConfig, layer_ids, *, records
 
 def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str, Any]:
     from carryover_jax.train.loop import build_drafter, train  # grain: not needed by the memory table
-    target = load_target(cfg.target)
+    target = load_target(cfg.target, numerics=cfg.run_numerics())
     dcfg, _ = build_drafter(cfg, target)
     records = cfg.batch_size * (steps + 1)
     rows = []
@@ -92,7 +92,7 @@ def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
     (`loss.objective=edr`) against baseline steps on the same batch (stored and online features),
     interleaved call by call in one process; medians in ms."""
     from carryover_jax.train.loop import build_drafter
-    target = load_target(cfg.target)
+    target = load_target(cfg.target, numerics=cfg.run_numerics())
     dcfg, params = build_drafter(cfg, target)
     rng = np.random.default_rng(0)
     b, s = cfg.batch_size, cfg.data.max_len
