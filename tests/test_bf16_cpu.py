@@ -32,11 +32,14 @@ def _f32_copies_of_params(hlo: str, params) -> list[str]:
     return found
 
 
-def test_cpu_bf16_keeps_a_float32_cache_unless_asked():
+def test_cpu_bf16_keeps_a_float32_cache_and_a_plain_head_unless_asked():
     bf = Numerics.for_platform("cpu", dtype="bfloat16")
     assert (bf.param_dtype, bf.dtype, bf.cache_dtype) == ("bfloat16", "bfloat16", "float32")
     assert Numerics.for_platform("cpu", param_dtype="bfloat16").cache_dtype == "float32"
     assert Numerics.for_platform("cpu", dtype="bfloat16", cache_dtype="bfloat16").cache_dtype == "bfloat16"
+    # and the LM head in the form XLA CPU's bf16 kernel streams fastest, unless asked
+    assert (bf.lm_head, Numerics.for_platform("cpu").lm_head) == ("plain", "vocab_major")
+    assert Numerics.for_platform("cpu", dtype="bfloat16", lm_head="vocab_major").lm_head == "vocab_major"
     assert Numerics.for_platform("cuda", dtype="bfloat16").cache_dtype == "bfloat16"
     assert Numerics.for_platform("tpu", param_dtype="bfloat16").cache_dtype == "bfloat16"
 
