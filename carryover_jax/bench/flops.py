@@ -18,15 +18,13 @@ from carryover_jax.config import DrafterConfig, TargetConfig
 
 @dataclasses.dataclass(frozen=True)
 class Cost:
-    """One call of a path: its FLOPs, the bytes it must read, and the rows of its matrix products (the row
-    count picks the measured matmul rate that bounds it)."""
+    """One call of a path: its FLOPs and the bytes it must read."""
 
     flops: float
     bytes: float
-    rows: int
 
     def scaled(self, n: float) -> "Cost":
-        return Cost(self.flops * n, self.bytes * n, self.rows)
+        return Cost(self.flops * n, self.bytes * n)
 
 
 def dense_flops_per_token(params) -> int:
@@ -76,7 +74,7 @@ def decode_cost(cfg: TargetConfig, params, *, batch: int, rows: int, context: fl
     t_layers = dense_flops_per_token(params["layers"])
     q = batch * rows
     flops = q * (t_layers + head_flops_per_row(cfg)) + attention_flops(cfg, q, context + (rows + 1) / 2)
-    return Cost(flops, weight_bytes(params, cfg) + kv_bytes(cfg, batch, context + rows), q)
+    return Cost(flops, weight_bytes(params, cfg) + kv_bytes(cfg, batch, context + rows))
 
 
 def prefill_cost(cfg: TargetConfig, params, *, batch: int, prompt_len: int) -> Cost:
@@ -84,7 +82,7 @@ def prefill_cost(cfg: TargetConfig, params, *, batch: int, prompt_len: int) -> C
     q = batch * prompt_len
     flops = (q * dense_flops_per_token(params["layers"]) + batch * head_flops_per_row(cfg)
              + attention_flops(cfg, q, (prompt_len + 1) / 2))
-    return Cost(flops, weight_bytes(params, cfg), q)
+    return Cost(flops, weight_bytes(params, cfg))
 
 
 def generation_costs(cfg: TargetConfig, params, *, batch: int, prompt_len: int, new_tokens: int) -> list[Cost]:
@@ -103,7 +101,7 @@ def feature_pass_cost(cfg: TargetConfig, params, *, rows: int, seq: int) -> Cost
     `seq` tokens through every layer, causal attention, no LM head; reads the layers' weights."""
     q = rows * seq
     flops = q * dense_flops_per_token(params["layers"]) + attention_flops(cfg, q, (seq + 1) / 2)
-    return Cost(flops, tree_bytes(params["layers"]), q)
+    return Cost(flops, tree_bytes(params["layers"]))
 
 
 TRAIN_FLOPS_DOC = (
@@ -151,12 +149,11 @@ def train_cost(tcfg: TargetConfig, dcfg: DrafterConfig, target_params, draft_par
                anchors: int, mode: str = "baseline", stored_features: bool = False) -> Cost:
     """One training step: `train_flops`; bytes = the target's layers where the target runs (online features,
     DVD), its LM head (the embedding where tied), and the drafter's params with Adam's two moments, each
-    read once. Rows: the larger of the target's (batch x seq) and the drafter's (batch x anchors x block)."""
+    read once."""
     f = train_flops(tcfg, dcfg, target_params, draft_params, batch=batch, seq=seq, anchors=anchors, mode=mode,
                     stored_features=stored_features)
     head = target_params["embed_tokens"] if tcfg.tie_word_embeddings else target_params["lm_head"]
     b = tree_bytes(head) + 3 * tree_bytes(draft_params)
     if "target_features" in f or "verify" in f:
         b += tree_bytes(target_params["layers"])
-    rows = batch * seq if "target_features" in f else batch * anchors * dcfg.block_size
-    return Cost(f["total"], float(b), rows)
+    return Cost(f["total"], float(b))

@@ -11,11 +11,10 @@ The machine, measured first (jitted, best of `repeats` calls):
   `stream_bytes` (above the caches), in float32 and bfloat16.
 
 Each path's model FLOPs and bytes come from the config (`bench/flops.py`). Its roofline bound is
-max(FLOPs / matmul rate, bytes / bandwidth), with the rate of the compute dtype at the measured row count
-nearest the path's (the faster of the two shapes there) and the bandwidth of the param dtype (the faster
-of the two measurements); a path made of parts (generation: prefill + steps) adds its parts' bounds. The
-fraction printed is bound time / measured time (1 = at the roofline). The paths, timed with the other
-benches' code:
+max(FLOPs / matmul rate, bytes / bandwidth): the best matmul rate measured in the compute dtype (over the
+shapes and row counts) and the best streaming rate in the param dtype; a path made of parts (generation:
+prefill + steps) adds its parts' bounds. The fraction printed is bound time / measured time (1 = at the
+roofline). The paths, timed with the other benches' code:
 
 - `ar`: one target AR step at batch 1, live length `prompt_len` (`bench decode --breakdown`);
 - `gen16` / `gen64` / `gen128`: `generate` at that batch, `prompt_len` random prompt tokens and
@@ -131,10 +130,9 @@ def measure_machine(tcfg, *, matmul_rows=MATMUL_ROWS, dtypes=MATMUL_DTYPES, repe
             "stream_gbs": stream, "stream_mb": stream_bytes / 2 ** 20, "repeats": repeats}
 
 
-def matmul_rate(machine: dict, dtype: str, rows: int) -> tuple[float, int]:
-    """(GFLOP/s, measured rows): the faster shape at the measured row count nearest `rows` (log scale)."""
-    near = min(machine["matmul_rows"], key=lambda r: (abs(math.log2(r) - math.log2(max(rows, 1))), r))
-    return max(machine["matmul_gflops"][f"{dtype}/{s}/{near}"] for s in ("mlp", "head")), near
+def peak_rate(machine: dict, dtype: str) -> float:
+    """GFLOP/s: the best matmul rate measured in `dtype`, over the shapes and row counts."""
+    return max(v for k, v in machine["matmul_gflops"].items() if k.startswith(f"{dtype}/"))
 
 
 def bandwidth(machine: dict, dtype: str) -> float:
@@ -143,11 +141,10 @@ def bandwidth(machine: dict, dtype: str) -> float:
 
 def bound(cost: F.Cost, machine: dict, tcfg) -> dict[str, Any]:
     """The roofline time of one cost (seconds) and which side bounds it."""
-    rate, near = matmul_rate(machine, tcfg.dtype, cost.rows)
-    bw = bandwidth(machine, tcfg.param_dtype)
+    rate, bw = peak_rate(machine, tcfg.dtype), bandwidth(machine, tcfg.param_dtype)
     t_mm, t_bw = cost.flops / (rate * 1e9), cost.bytes / (bw * 1e9)
     if t_mm >= t_bw:
-        return {"s": t_mm, "by": f"matmul {rate:.0f} GFLOP/s ({tcfg.dtype}, {near} rows)"}
+        return {"s": t_mm, "by": f"matmul {rate:.0f} GFLOP/s ({tcfg.dtype})"}
     return {"s": t_bw, "by": f"bandwidth {bw:.1f} GB/s ({tcfg.param_dtype})"}
 
 
