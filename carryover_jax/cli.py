@@ -239,7 +239,7 @@ def _cmd_bench(args) -> int:
 
         target = load_target(args.target, numerics=_run_numerics(args))
         result = ar.run(target, batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens,
-                        repeats=args.repeats)
+                        repeats=args.repeats or 1)
         print(ar.format_table(result))
         _write_result(result, args.out)
         return 0
@@ -261,13 +261,13 @@ def _cmd_bench(args) -> int:
             from carryover_jax.bench import torch_decode
 
             result = torch_decode.run(target, drafter, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                                      zlab=args.zlab, repeats=args.repeats)
+                                      zlab=args.zlab, repeats=args.repeats or 1)
             print(torch_decode.format_table(result))
             _write_result(result, args.out)
             return 0
         if args.breakdown:
             result = decode.breakdown(target, drafter, max_lens=tuple(args.max_lens),
-                                      repeats=args.repeats if args.repeats > 1 else 25)
+                                      repeats=args.repeats or 25)
             print(decode.format_breakdown(result))
             _write_result(result, args.out)
             return 0
@@ -340,10 +340,26 @@ def _cmd_bench(args) -> int:
         print("qwen3_4b memory per device (GB):", json.dumps(result["qwen3_4b_memory_per_device"]))
         _write_result(result, args.out)
         return 0
+    if args.what == "roofline":
+        from carryover_jax.bench import roofline
+
+        cfg = _train_config(args)  # --config / --set / the numerics flags: drafter, training and prepare shapes
+        target = load_target(args.target, numerics=cfg.run_numerics())
+        result = roofline.run(cfg, target, rows=args.rows or roofline.ROWS, matmul_rows=tuple(args.matmul_rows),
+                              repeats=args.repeats or 5, new_tokens=args.max_new_tokens,
+                              stream_bytes=args.stream_mb << 20)
+        table = roofline.format_table(result)
+        print(json.dumps(result) if args.json else table)
+        if args.json:
+            print(table, file=sys.stderr)
+        _write_result(result, args.out)
+        return 0
     raise CarryoverError(f"unknown benchmark {args.what!r}")
 
 
 _MEMORY_STAGES = ("baseline", "dvd", "control")  # bench.train.MEMORY_STAGES (parsing imports no jax)
+_ROOFLINE_ROWS = ("ar", "gen16", "gen64", "gen128", "features", "baseline", "dvd", "control", "verify3", "verify7",
+                  "verify15")  # bench.roofline.ROWS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -443,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=_cmd_plot)
 
     b = sub.add_parser("bench", help="benchmarks that print ratios measured side by side in one run")
-    b.add_argument("what", choices=["ar", "decode", "train", "steps"])
+    b.add_argument("what", choices=["ar", "decode", "train", "steps", "roofline"])
     b.add_argument("--preset", default="qwen3-4b", help="bench steps: target shape preset (random weights)")
     b.add_argument("--layers", type=SIZE, default=None, help="bench steps: cut the target to N layers (CPU)")
     b.add_argument("--kind", choices=["dflash", "markov"], default="dflash")
@@ -455,8 +471,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--train-batch", type=SIZE, default=1)
     b.add_argument("--train-len", type=B.arg(B.size(2)), default=1024)
     b.add_argument("--anchors", type=SIZE, default=64)
-    b.add_argument("--config", default="smollm2", type=name_or_path, help="bench train: config name or path")
-    b.add_argument("--set", action="append", metavar="KEY=VALUE", help="bench train: config overrides")
+    b.add_argument("--config", default="smollm2", type=name_or_path,
+                   help="bench train, bench roofline: config name or path (roofline: the drafter, training and "
+                        "prepare shapes; the target is --target)")
+    b.add_argument("--set", action="append", metavar="KEY=VALUE", help="bench train, bench roofline: config overrides")
     b.add_argument("--steps", type=SIZE, default=6, help="bench train: timed steps per mode")
     b.add_argument("--mode", choices=["features", "dvd"], default="features",
                    help="bench train: online vs stored features, or DVD/control/EDR steps vs baseline steps on one batch")
@@ -469,7 +487,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bench train --memory: the stages compiled (control_compute runs control's step)")
     b.add_argument("--mesh", default=None, help="bench train --memory: e.g. data=4,tensor=2 (default: each config's)")
     b.add_argument("--json", action="store_true", help="bench train --memory: one JSON object per line per "
-                   "(config, stage, mesh, backend) instead of the table")
+                   "(config, stage, mesh, backend) instead of the table; bench roofline: the result as JSON on "
+                   "stdout, the table on stderr")
+    b.add_argument("--rows", nargs="+", choices=_ROOFLINE_ROWS, default=None, metavar="ROW",
+                   help=f"bench roofline: the paths measured (default all: {' '.join(_ROOFLINE_ROWS)})")
+    b.add_argument("--matmul-rows", type=SIZE, nargs="+", default=[1, 16, 64, 128, 2048],
+                   help="bench roofline: row counts of the matmul rates")
+    b.add_argument("--stream-mb", type=B.arg(B.size(1, 1 << 16)), default=256,
+                   help="bench roofline: MiB streamed for the bandwidth (above the caches)")
     b.add_argument("--backend", nargs="+", default=None, choices=ATTENTION_BACKENDS,
                    help="bench steps: train step per attention backend (default einsum); "
                         "bench train --memory: backends compiled (default auto, the GPU default)")
@@ -487,7 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_args(b)  # --dtype also sets bench steps' dtype (default bfloat16)
     b.add_argument("--batch-sizes", type=SIZE, nargs="+", default=[1, 8])
     b.add_argument("--max-new-tokens", type=SIZE, default=64)
-    b.add_argument("--repeats", type=SIZE, default=1)
+    b.add_argument("--repeats", type=SIZE, default=None,
+                   help="timed calls (default: ar, decode 1; decode --breakdown 25; roofline 5)")
     b.add_argument("--out", type=user_path, help="also write the result as JSON here")
     b.set_defaults(func=_cmd_bench)
 

@@ -6,7 +6,7 @@ Parts, in order of priority, each skipped (and said so) once the budget is spent
    256 and 512 (`bench.steps.kernel_check`);
 2. `carryover bench steps` (`bench.steps.run`) at Qwen3-4B shapes, bf16, context 4096, 15 proposals:
    AR step / its weight-read floor, draft / verify / round / AR for "auto" and "einsum", the baseline
-   and DVD training steps' time and MFU (FLOPs counted: `bench.steps.TRAIN_FLOPS_DOC`), and a
+   and DVD training steps' time and MFU (FLOPs counted: `bench.flops.TRAIN_FLOPS_DOC`), and a
    `jax.profiler` trace of one round (compressed into the output);
 3. compiled per-device memory of the paper configs' micro-step with the device's own compiler
    (`bench.train.compiled_memory`): one GPU compiles one device's program of a data-parallel node at

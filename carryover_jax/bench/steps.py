@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from carryover_jax.bench.flops import TRAIN_FLOPS_DOC, train_flops, weight_bytes
 from carryover_jax.config import DrafterConfig, LossConfig, TargetConfig, TrainConfig, zlab_layer_ids
 from carryover_jax.decode.buckets import next_bucket
 from carryover_jax.decode import autoregressive as ar
@@ -44,13 +45,22 @@ def random_params(abstract, seed: int = 0, scale: float = 0.02):
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _median_ms(fn, n: int) -> float:
+def _call_ms(fn, n: int) -> list[float]:
+    """Milliseconds of `n` calls of `fn`, each waited for."""
     ts = []
     for _ in range(n):
         t = time.perf_counter()
         jax.block_until_ready(fn())
-        ts.append(time.perf_counter() - t)
-    return 1e3 * float(np.median(ts))
+        ts.append(1e3 * (time.perf_counter() - t))
+    return ts
+
+
+def _median_ms(fn, n: int) -> float:
+    return float(np.median(_call_ms(fn, n)))
+
+
+def _best_ms(fn, n: int) -> float:
+    return min(_call_ms(fn, n))
 
 
 HBM_TB_S = 4.8  # H200 HBM3e bandwidth (TB/s): the weight-read floor of a decode step
@@ -200,59 +210,6 @@ def check_fits(tcfg: TargetConfig, free: int | None) -> None:
     if free is not None and need > free:
         raise ConfigError(f"bench steps: {_describe(tcfg)} needs at least {need / 1e9:.1f} GB for its weights here, "
                           f"{free / 1e9:.1f} GB are free: cut it with --layers N or pick a smaller --preset")
-
-
-def weight_bytes(params, cfg: TargetConfig) -> int:
-    """Bytes an AR step reads from the target's weights: every parameter once, except an untied input
-    embedding (a decode step reads one row of it)."""
-    total = sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(params))
-    if not cfg.tie_word_embeddings:
-        e = params["embed_tokens"]["embedding"]
-        total -= e.size * jnp.dtype(e.dtype).itemsize
-    return int(total)
-
-
-TRAIN_FLOPS_DOC = (
-    "model FLOPs (2 per multiply-add; backward = 2x forward for trained weights, 1x for frozen ones, which "
-    "need only the input gradient): target forward over the sequence for the features (dense layers + "
-    "causal attention over the visible half); drafter over the anchors' blocks (fc, K/V of the context rows, "
-    "draft layers, the frozen LM head, attention to each block's context prefix (mean L/2) + its block), "
-    "forward + backward; DVD adds draft 1 (drafter forward) and verification (target forward over the "
-    "blocks' P+1 tokens, attending to their prefix + block). Element-wise ops, norms and softmax not counted.")
-
-
-def _dense_flops_per_token(params) -> int:
-    """2 x the multiply-adds of every 2-D kernel (a Dense layer) under `params`."""
-    return 2 * sum(x.size for x in jax.tree_util.tree_leaves(params) if getattr(x, "ndim", 0) == 2)
-
-
-def train_flops(tcfg: TargetConfig, dcfg: DrafterConfig, target_params, draft_params, *, batch: int, seq: int,
-                anchors: int, mode: str = "baseline") -> dict[str, float]:
-    """FLOPs of one training step by part (`TRAIN_FLOPS_DOC` says what is counted)."""
-    t_layers = _dense_flops_per_token(target_params["layers"])  # the LM head / embedding: not in the features
-    h, d = tcfg.num_heads, tcfg.layer_head_dim(0)
-    tq = batch * seq
-    attn_t = 2 * 2 * tcfg.num_layers * h * d  # scores + values per (query, visible key)
-    out = {"target_features": float(t_layers * tq + attn_t * batch * seq * seq / 2)}
-    blk = dcfg.block_size
-    q = batch * anchors * blk  # drafter query tokens
-    dl = draft_params["layers"]
-    d_layers = _dense_flops_per_token(dl)
-    kv = sum(_dense_flops_per_token({k: dl[i]["self_attn"][k] for k in ("k_proj", "v_proj") if k in dl[i]["self_attn"]})
-             for i in dl)
-    fc = _dense_flops_per_token({"fc": draft_params["fc"]})
-    vocab = len(dcfg.draft_vocab) or tcfg.vocab_size
-    head = 2 * tcfg.hidden_size * vocab
-    bb = dcfg.backbone
-    attn_d = 2 * 2 * bb.num_layers * bb.num_heads * bb.layer_head_dim(0) * (seq / 2 + blk)
-    fwd = d_layers * q + (fc + kv) * tq + head * q + attn_d * q  # one drafter forward over all blocks
-    out["drafter_train"] = float(3 * (d_layers * q + (fc + kv) * tq + attn_d * q) + 2 * head * q)
-    if mode != "baseline":
-        p1 = batch * anchors * (dcfg.num_proposals + 1)
-        out["draft1"] = float(fwd)
-        out["verify"] = float(t_layers * p1 + attn_t * p1 * (seq / 2 + dcfg.num_proposals + 1))
-    out["total"] = float(sum(out.values()))
-    return out
 
 
 def _error(e: Exception) -> str:

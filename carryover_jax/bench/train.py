@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from carryover_jax.bench.steps import _median_ms
+from carryover_jax.bench.steps import _call_ms
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig, preset
 from carryover_jax.errors import ConfigError
 from carryover_jax.loading import load_target
@@ -87,6 +87,46 @@ def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str,
             "num_anchors": cfg.num_anchors, "rows": rows}
 
 
+def synthetic_batch(cfg: TrainConfig, target, dcfg: DrafterConfig, *, stored: bool) -> dict[str, jax.Array]:
+    """One batch of the config's shape: random tokens, the loss mask on the last three quarters; with `stored`,
+    the target's features of it too (what a response store holds)."""
+    rng = np.random.default_rng(0)
+    b, s = cfg.batch_size, cfg.data.max_len
+    ids = rng.integers(10, target.cfg.vocab_size, (b, s)).astype(np.int32)
+    lm = np.zeros((b, s), np.int32)
+    lm[:, s // 4:] = 1
+    batch = {"input_ids": ids, "loss_mask": lm}
+    if stored:
+        feats = target_features(target, ids.tolist(), tuple(dcfg.target_layer_ids))
+        batch.update(features=np.stack([f for f, _ in feats]), last_hidden=np.stack([h for _, h in feats]))
+    return {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+_step = jax.jit(train_step, static_argnums=(0, 1))
+
+
+def step_call(cfg: TrainConfig, target, dcfg: DrafterConfig, params, batch, **loss):
+    """A zero-argument call of one jitted training step (`cfg` with these `loss` fields) from the same initial
+    state every time; it returns the step's loss."""
+    c = cfg.with_loss(**loss)
+    sc = step_config(c, target.cfg, dcfg)
+    opt = make_optimizer(c, 10)
+    state = init_state(params, opt, 0)
+    return lambda: _step(sc, opt, state, target.params, batch)[1]["loss"]
+
+
+def interleaved_ms(calls: dict[str, Any], steps: int) -> dict[str, float]:
+    """Median ms of each zero-argument call: each compiled first, then timed in turn, call by call (a slow
+    phase of a shared machine hits all of them alike)."""
+    for fn in calls.values():
+        jax.block_until_ready(fn())
+    times = {k: [] for k in calls}
+    for _ in range(steps):
+        for k, fn in calls.items():
+            times[k] += _call_ms(fn, 1)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
 def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
     """Step time of DVD training, of its control and of baseline training with the EDR objective
     (`loss.objective=edr`) against baseline steps on the same batch (stored and online features),
@@ -94,32 +134,14 @@ def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
     from carryover_jax.train.loop import build_drafter
     target = load_target(cfg.target, numerics=cfg.run_numerics())
     dcfg, params = build_drafter(cfg, target)
-    rng = np.random.default_rng(0)
     b, s = cfg.batch_size, cfg.data.max_len
-    ids = rng.integers(10, target.cfg.vocab_size, (b, s)).astype(np.int32)
-    lm = np.zeros((b, s), np.int32)
-    lm[:, s // 4:] = 1
-    feats = target_features(target, ids.tolist(), tuple(dcfg.target_layer_ids))
-    stored = {"input_ids": ids, "loss_mask": lm, "features": np.stack([f for f, _ in feats]),
-              "last_hidden": np.stack([h for _, h in feats])}
-    online = {"input_ids": ids, "loss_mask": lm}
+    stored = synthetic_batch(cfg, target, dcfg, stored=True)
+    online = {k: stored[k] for k in ("input_ids", "loss_mask")}
     arms = {"baseline (stored features)": ("baseline", stored), "baseline (online features)": ("baseline", online),
             "baseline + edr objective": ("baseline", stored), "dvd": ("dvd", stored), "control": ("control", stored)}
-    step = jax.jit(train_step, static_argnums=(0, 1))
-    calls = {}
-    for name, (mode, batch) in arms.items():
-        c = cfg.with_loss(mode=mode, objective="edr" if "edr" in name else "ce")
-        sc = step_config(c, target.cfg, dcfg)
-        opt = make_optimizer(c, 10)
-        state = init_state(params, opt, 0)
-        tp, bt = target.params, {k: jnp.asarray(v) for k, v in batch.items()}
-        calls[name] = lambda sc=sc, opt=opt, state=state, bt=bt, tp=tp: step(sc, opt, state, tp, bt)[1]["loss"]
-        jax.block_until_ready(calls[name]())  # compile
-    times = {k: [] for k in calls}
-    for _ in range(steps):
-        for k, fn in calls.items():
-            times[k].append(_median_ms(fn, 1))
-    ms = {k: float(np.median(v)) for k, v in times.items()}
+    calls = {name: step_call(cfg, target, dcfg, params, batch, mode=mode, objective="edr" if "edr" in name else "ce")
+             for name, (mode, batch) in arms.items()}
+    ms = interleaved_ms(calls, steps)
     base = ms["baseline (stored features)"]
     rows = [{"step": k, "ms": round(v, 1), "x_baseline_stored": round(v / base, 2),
              "x_baseline_online": round(v / ms["baseline (online features)"], 2)} for k, v in ms.items()]
