@@ -8,6 +8,7 @@ import sys
 
 from carryover_jax import bounds as B
 from carryover_jax.errors import CarryoverError
+from carryover_jax.eval.paired import MIN_TIMING_REPEATS, TIMING_REPEATS
 from carryover_jax.eval.settings import BOUNDS, check_settings
 from carryover_jax.loading import load_target
 from carryover_jax.numerics import Numerics
@@ -52,8 +53,9 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
                    help="throughput pass at T = 0 (none: skip it)")
     p.add_argument("--max-len", type=B.arg(BOUNDS["max_len"]), default=None,
                    help="KV cache length (default: fits each request)")
-    p.add_argument("--timing-repeats", type=B.arg(BOUNDS["timing_repeats"]), default=1,
-                   help="time every call N times and keep the median (a busy machine); the tokens are the same")
+    p.add_argument("--timing-repeats", type=B.arg(BOUNDS["timing_repeats"]), default=TIMING_REPEATS,
+                   help="time AR and every arm N times per prompt, interleaved (the tokens are the same); a speedup "
+                        f"comparison is resolved only with >= {MIN_TIMING_REPEATS}")
     p.add_argument("--mask-token-id", type=B.arg(BOUNDS["mask_token_id"]), default=None,
                    help="the MASK row every drafter must use (default: the target's)")
     p.add_argument("--diagnostics", action="store_true",

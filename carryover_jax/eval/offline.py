@@ -47,7 +47,7 @@ from carryover_jax.config import DrafterConfig, LossConfig, TargetConfig
 from carryover_jax.decode.generate import generate
 from carryover_jax.decode.sampling import probs
 from carryover_jax.errors import CarryoverError
-from carryover_jax.eval.paired import paired_bootstrap
+from carryover_jax.eval.paired import compare_tau
 from carryover_jax.eval.settings import BOUNDS
 from carryover_jax.models.drafter import Drafter, draft_index_table, frozen_from_target
 from carryover_jax.models.target import TargetLM
@@ -301,7 +301,8 @@ def _tau(recs) -> float:
 
 def summarize_offline(log: list[dict], labels: Sequence[str]) -> dict[str, Any]:
     """Per temperature: τ per dataset and over the mix (micro: Σ(G − 1) / Σ rounds) for every arm, the
-    per-prompt τ values, and the paired comparison (paired.py) of every pair of arms."""
+    per-prompt τ and rounds, and the paired comparison (paired.py: the micro τ, a ratio of sums) of every pair
+    of arms."""
     out: dict[str, Any] = {"temperatures": {}}
     datasets = list(dict.fromkeys(r["dataset"] for r in log))
     for T in sorted({r["temperature"] for r in log}):
@@ -309,9 +310,13 @@ def summarize_offline(log: list[dict], labels: Sequence[str]) -> dict[str, Any]:
         seeds = sorted({r["seed"] for r in recs})
         prompts = list(dict.fromkeys((r["dataset"], r["prompt"]) for r in recs))
         by = {(r["mode"], r["dataset"], r["prompt"], r["seed"]): r for r in recs}
-        values = {lab: [[(by[(lab, ds, pid, s)]["new_tokens"] - 1) / by[(lab, ds, pid, s)]["rounds"]
-                         if (lab, ds, pid, s) in by and by[(lab, ds, pid, s)]["rounds"] else None
-                         for ds, pid in prompts] for s in seeds] for lab in labels}
+
+        def column(lab, key):
+            rows = [[by.get((lab, ds, pid, s)) for ds, pid in prompts] for s in seeds]
+            return [[None if r is None or not r["rounds"] else key(r) for r in row] for row in rows]
+
+        values = {lab: {"tau": column(lab, lambda r: (r["new_tokens"] - 1) / r["rounds"]),
+                        "rounds": column(lab, lambda r: r["rounds"])} for lab in labels}
         cells: dict[str, Any] = {}
         for ds in datasets + ["all"]:
             cell = {}
@@ -327,12 +332,12 @@ def summarize_offline(log: list[dict], labels: Sequence[str]) -> dict[str, Any]:
                 pc = {}
                 for ds in datasets + ["all"]:
                     cols = [i for i, (d, _) in enumerate(prompts) if ds == "all" or d == ds]
-                    x = np.array([[values[la][si][i] for i in cols] for si in range(len(seeds))], dtype=object)
-                    y = np.array([[values[lb][si][i] for i in cols] for si in range(len(seeds))], dtype=object)
-                    ok = [i for i in range(len(cols)) if all(v is not None for v in x[:, i])
-                          and all(v is not None for v in y[:, i])]
-                    pc[ds] = {"tau": paired_bootstrap(x[:, ok].astype(float), y[:, ok].astype(float))
-                              if len(ok) >= 2 else None}
+
+                    def pick(lab, key):
+                        return [[row[i] for i in cols] for row in values[lab][key]]
+
+                    pc[ds] = {"tau": compare_tau(pick(la, "tau"), pick(lb, "tau"), pick(la, "rounds"),
+                                                 pick(lb, "rounds"))}
                 pairs.append({"label": la, "vs": lb, "datasets": pc})
         out["temperatures"][f"{float(T):g}"] = {
             "seeds": seeds, "datasets": cells,

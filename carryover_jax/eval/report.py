@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from carryover_jax.eval.metrics import result_summary
+from carryover_jax.eval.paired import MIN_PROMPTS, MIN_TIMING_REPEATS
 
 
 def _num(x, digits=2, ci=None, suffix=""):
@@ -144,8 +145,35 @@ def render_markdown(result: dict[str, Any]) -> str:
 
 
 def _ci(c: dict, key: str, digits: int, suffix: str = "") -> str:
+    if c[f"{key}_ci"] is None:
+        return f"{c[key]:+.{digits}f}{suffix}"
     lo, hi = c[f"{key}_ci"]
     return f"{c[key]:+.{digits}f}{suffix} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+
+
+def _claim(c: dict) -> str:
+    """What a comparison may say (paired.py): resolved or not, or why it cannot be."""
+    if c["status"] == "too few prompts":
+        return f"too few prompts (< {MIN_PROMPTS})"
+    if c["status"] == "one timing per prompt":
+        return "not resolved: one timing per prompt"
+    return c["status"]
+
+
+def _speedup_cells(sp: dict | None) -> str:
+    if sp is None:
+        return "- | - |"
+    if sp["status"] == "timing noise":
+        return (f"±{sp['noise_bound_pct']:.1f}% timing-noise bound | not a gain: identical rounds "
+                f"({sp['gain_pct']:+.1f}% is noise) |")
+    return f"{_ci(sp, 'gain_pct', 1, '%')} | {_claim(sp)} |"
+
+
+PAIRED_RULES = (f"**resolved**: the interval excludes 0, on >= {MIN_PROMPTS} prompts (fewer: **too few prompts**, no "
+                "interval; below 6 no 95% interval exists at all). Speedup intervals carry the timing spread within "
+                f"each prompt (AR and the arms timed interleaved, >= {MIN_TIMING_REPEATS} repeats; one timing per "
+                "prompt resolves nothing); two arms that accepted the same drafts in every round did the same "
+                "work, so their speed difference is reported as a **timing-noise bound**, never as a gain.")
 
 
 def render_paired(summary: dict[str, Any]) -> list[str]:
@@ -158,21 +186,20 @@ def render_paired(summary: dict[str, Any]) -> list[str]:
                 if t is None:
                     continue
                 rows.append(f"| {pr['label']} vs {pr['vs']} | {'**all**' if ds == 'all' else ds} | {T} | "
-                            f"{t['prompts']} x {t['seeds']} | {_ci(t, 'diff', 3)} | {_ci(t, 'gain_pct', 1, '%')} | "
-                            f"{'resolved' if t['resolved'] else 'not resolved'} | "
-                            + (f"{_ci(sp, 'gain_pct', 1, '%')} | {'resolved' if sp['resolved'] else 'not resolved'} |"
-                               if sp else "- | - |"))
+                            f"{t['prompts']} x {t['seeds']} | {sp['repeats'] if sp else '-'} | "
+                            f"{_ci(t, 'diff', 3)} | {_ci(t, 'gain_pct', 1, '%')} | {_claim(t)} | "
+                            + _speedup_cells(sp))
     if not rows:
         return []
     return ["### Paired comparisons (same prompts)", "",
-            "Every pair of arms on the same prompts (and seeds): the mean per-prompt difference of τ and the "
-            "relative gain of the per-prompt mean, of τ and of speedup over AR, each with a 95% paired-bootstrap "
-            "interval (prompts resampled with replacement; at T > 0 a prompt's value is its mean over the seeds). "
-            "**resolved**: the interval excludes 0. Per-prompt values: `results.json`, "
+            "Every pair of arms on the same prompts (and seeds): the difference of τ (micro-averaged, as in the τ "
+            "table) and the relative gains of τ and of the mean per-prompt speedup over AR, each with a 95% "
+            "paired-bootstrap interval (prompts resampled with replacement, then each prompt's timing repeats; at "
+            "T > 0 a prompt pools its seeds). " + PAIRED_RULES + " Per-prompt values: `results.json`, "
             "`summary.temperatures.T.paired.values`.", "",
-            "| arms | dataset | T | prompts x seeds | Δτ [95%] | τ gain [95%] | τ: resolved? | speedup gain [95%] "
-            "| speedup: resolved? |",
-            "|---|---|---|---|---|---|---|---|---|", *rows, ""]
+            "| arms | dataset | T | prompts x seeds | timings per prompt | Δτ [95%] | τ gain [95%] | τ: resolved? | "
+            "speedup gain [95%] | speedup: resolved? |",
+            "|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def render_diagnostics(diag: dict[str, Any]) -> list[str]:
@@ -224,15 +251,13 @@ def render_offline(result: dict[str, Any]) -> str:
             for ds, c in pr["datasets"].items():
                 t = c.get("tau")
                 if t:
-                    lo, hi = t["gain_pct_ci"]
                     rows.append(f"| {pr['label']} vs {pr['vs']} | {'**all**' if ds == 'all' else ds} | {T} | "
-                                f"{t['prompts']} x {t['seeds']} | {t['diff']:+.3f} [{t['diff_ci'][0]:+.3f}, "
-                                f"{t['diff_ci'][1]:+.3f}] | {t['gain_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%] | "
-                                f"{'resolved' if t['resolved'] else 'not resolved'} |")
+                                f"{t['prompts']} x {t['seeds']} | {_ci(t, 'diff', 3)} | {_ci(t, 'gain_pct', 1, '%')} | "
+                                f"{_claim(t)} |")
     if rows:
         L += ["", "### Paired comparisons (same rollouts)", "",
-              "Mean per-rollout difference of τ and relative gain of the mean, 95% paired-bootstrap interval over "
-              "prompts (a prompt's value at T > 0: its mean over seeds); **resolved**: the interval excludes 0.", "",
+              "The difference of τ (micro, as in the table above: a ratio of summed rounds) and its relative gain, "
+              "95% paired-bootstrap interval over prompts (at T > 0 a prompt pools its seeds). " + PAIRED_RULES, "",
               "| arms | dataset | T | prompts x seeds | Δτ [95%] | τ gain [95%] | resolved? |",
               "|---|---|---|---|---|---|---|",
               *rows]
