@@ -233,12 +233,16 @@ def render_offline(result: dict[str, Any]) -> str:
          f"{cfg.get('temperatures')}, seeds at T > 0: {cfg.get('seeds')}; prompts per dataset: {cfg.get('datasets')}"]
     for d in result["drafters"]:
         L.append(f"- drafter **{d['label']}**: `{d['path']}` ({d.get('kind')}/{d.get('layout')}, "
-                 f"{d['num_proposals']} proposals), no carried rows")
-    L += ["", "Expected decoding rounds on each rollout from one teacher-forced drafter pass (exact at T = 0: the "
-              "greedy engine's round count; at T > 0 the acceptance min(1, q/p) of the realized rollout token). "
-              "τ = tokens the rounds generate (all but the prefill's first) / rounds, summed over the rollouts of "
-              "a dataset (**all** = the mix). No decoding, so no speedup: that needs `carryover eval` without "
-              "--offline.", "",
+                 f"{d['num_proposals']} proposals), "
+                 + (f"carried rows ON ({d.get('carry', 'hidden')}): rounds replayed" if d.get("carryover")
+                    else "no carried rows: expected rounds"))
+    L += ["", "Every arm on the same rollouts (the target's own outputs, recorded once). Arms without carried rows: "
+              "expected decoding rounds from one teacher-forced drafter pass (exact at T = 0: the greedy engine's "
+              "round count; at T > 0 the acceptance min(1, q/p) of the realized rollout token). Carryover arms: the "
+              "engine's rounds replayed on the rollout (exact at T = 0; at T > 0 one seeded draw of the engine's "
+              "rounds given the rollout, unbiased: `eval/replay.py`). τ = tokens the rounds generate (all but the "
+              "prefill's first) / rounds, summed over the rollouts of a dataset (**all** = the mix). No AR timing, "
+              "so no speedup: that needs `carryover eval` without --offline.", "",
           "| dataset | T | rollouts | " + " | ".join(labels) + " |", "|" + "---|" * (3 + len(labels))]
     for T, tb in s["temperatures"].items():
         for ds, cell in tb["datasets"].items():

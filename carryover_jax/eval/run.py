@@ -27,7 +27,7 @@ from carryover_jax.errors import CarryoverError
 from carryover_jax.eval.datasets import load_prompts
 from carryover_jax.eval.diagnostics import run_diagnostics
 from carryover_jax.eval.metrics import result_summary
-from carryover_jax.eval.paired import TIMING_REPEATS
+from carryover_jax.eval.paired import TIMING_REPEATS, check_resolvable
 from carryover_jax.eval.plots import write_plots
 from carryover_jax.eval.report import render_markdown, render_offline
 from carryover_jax.eval.settings import BOUNDS
@@ -320,17 +320,20 @@ def evaluate(target, drafters: Sequence[DrafterEntry | str], *, datasets: Sequen
              max_len: int | None = None, mask_token_id: int | None = None, dtype: str | None = None,
              diagnostics: bool = False, diagnostic_prompts: int = 4, out: str | Path | None = None,
              plots: bool = True, progress: bool = True, log=None,
-             timing_repeats: int = TIMING_REPEATS) -> dict[str, Any]:
+             timing_repeats: int = TIMING_REPEATS, min_prompts: int | None = None) -> dict[str, Any]:
     """The whole `carryover eval` as one call (what `carryover pipeline` builds on).
 
     `target`: a loaded `Target` (with a tokenizer). `drafters`: `DrafterEntry`s or ``LABEL=DIR[:carryover]``
     strings. Loads and checks the drafters, reads and encodes the prompts, runs every pass, and writes
-    `out` (results.json, report.md, PNGs) when given. Returns the result dict."""
+    `out` (results.json, report.md, PNGs) when given; `min_prompts`: fewer prompts that fit are refused before
+    any decoding (an A/B that could resolve nothing, paired.py). Returns the result dict."""
     entries = [parse_drafter_spec(d) if isinstance(d, str) else d for d in drafters]
     loaded = load_entries(target, entries, mask_token_id, dtype=dtype)
     items, skipped, heldout_per_mille = load_items(target, datasets, prompts_per_dataset=prompts_per_dataset,
                                                    max_prompt_tokens=max_prompt_tokens, system=system,
                                                    heldout_per_mille=heldout_per_mille, chat=chat, log=log)
+    if min_prompts:
+        check_resolvable(len(items), "eval: the prompts that fit")
     diag = None  # the diagnostics pass, run after the decoding passes when asked for
     if diagnostics:
         per_ds: dict[str, int] = {}
