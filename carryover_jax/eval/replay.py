@@ -100,21 +100,28 @@ def _sampled_round(sc: sp.SpecConfig, target_params, draft_params, s, labels, p_
     return jnp.swapaxes(toks, 0, 1), a, s
 
 
+def round_inputs(sc: sp.SpecConfig, st, roll, prompt_lens, p_roll, h_roll, keys):
+    """What a round started at c = num_out reads of its rollout: labels [B, P+1] = y_{c+1}..y_{c+P+1} (-1 past
+    the end) and, sampling, p_k(y_{c+k}) [B, P], the target's hidden state before each slot [B, P, d], and the
+    round's keys (one stream per rollout and round start)."""
+    P = sc.P
+    labels = _labels(roll, st.num_out, P + 1)
+    if not sc.sampling:
+        return labels, None, None, None
+    idx = jnp.minimum(prompt_lens[:, None] + st.num_out[:, None] + jnp.arange(P)[None, :],
+                      p_roll.shape[1] - 1)  # y_{c+k} sits at L + c + k - 1
+    p_label = jnp.take_along_axis(p_roll, idx, axis=1)
+    h_prev = jnp.take_along_axis(h_roll, (idx - 1)[..., None], axis=1)
+    return labels, p_label, h_prev, jax.vmap(jax.random.fold_in)(keys, st.num_out)
+
+
 @functools.partial(jax.jit, static_argnames=("sc",))
 def replay_loop(sc: sp.SpecConfig, target_params, draft_params, s, roll, prompt_lens, p_roll, h_roll, keys):
-    """Rounds until every row is done. roll [B, W]: y_1..y_G then -1 (W >= out_size + P + 1). Sampling only:
-    p_roll [B, S] = p(ids[:, j] | ids[:, < j]) and h_roll [B, S, d] the target's final hidden states over
-    the rollouts (prompt + y), keys [B] one per rollout."""
-    P = sc.P
+    """Rounds until every row is done (`replay_setup` gives the arguments)."""
 
     def one(st):
-        labels = _labels(roll, st.num_out, P + 1)  # y_{c+1}..y_{c+P+1}, c = num_out
+        labels, p_label, h_prev, round_keys = round_inputs(sc, st, roll, prompt_lens, p_roll, h_roll, keys)
         if sc.sampling:
-            idx = jnp.minimum(prompt_lens[:, None] + st.num_out[:, None] + jnp.arange(P)[None, :],
-                              p_roll.shape[1] - 1)  # y_{c+k} sits at L + c + k - 1
-            p_label = jnp.take_along_axis(p_roll, idx, axis=1)
-            h_prev = jnp.take_along_axis(h_roll, (idx - 1)[..., None], axis=1)
-            round_keys = jax.vmap(jax.random.fold_in)(keys, st.num_out)
             toks, a, st = _sampled_round(sc, target_params, draft_params, st, labels, p_label, h_prev, round_keys)
         else:
             toks, a, st = _greedy_round(sc, target_params, draft_params, st, labels)
@@ -129,18 +136,16 @@ def rollout_seed(seed: int, dataset: str, prompt: str) -> int:
     return zlib.crc32(f"{seed}|{dataset}|{prompt}".encode()) & 0x7FFFFFFF
 
 
-def replay_rollouts(target, drafter, entry, rows: list[dict], *, temperature: float, top_k: int = 0,
-                    top_p: float = 1.0, p_roll=None, h_roll=None, batch: int | None = None) -> list[list[int]]:
-    """Per rollout (`rows`: {"prompt_ids", "tokens", "seed", "dataset", "prompt"}), the accepted drafts of each
-    round of `drafter` decoding it (`entry.carryover`: with carried rows, as `entry.carry` says), the last
-    round cut to the tokens left, as the engine commits it. `batch` pads the rows to that many (one compiled
-    shape per bucket); at T > 0 `p_roll` / `h_roll` are `offline.target_pass`'s over the same rows."""
+def replay_setup(target, drafter, entry, rows: list[dict], *, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                 p_roll=None, h_roll=None, batch: int | None = None):
+    """`replay_loop`'s arguments for `rows` (`replay_rollouts`): (sc, state after the prefill, roll, prompt
+    lengths, p_roll, h_roll, keys), padded to `batch` rows (padding rows are done after the prefill)."""
     dc = drafter.cfg
     P = dc.num_proposals
     n = len(rows)
     b = max(batch or n, n)
     lens = [len(r["prompt_ids"]) for r in rows] + [len(rows[0]["prompt_ids"])] * (b - n)
-    news = [len(r["tokens"]) for r in rows] + [1] * (b - n)  # padding rows: done after the prefill
+    news = [len(r["tokens"]) for r in rows] + [1] * (b - n)
     sampling = temperature > 0
     bucket, cache_len = plan_lengths(lens, [g + P + 1 for g in news], None, target.cfg.max_position_embeddings)
     out_size = next_bucket(max(news), minimum=1)
@@ -151,9 +156,8 @@ def replay_rollouts(target, drafter, entry, rows: list[dict], *, temperature: fl
     sc = sp.SpecConfig(target=target.cfg, drafter=dc, attend_carried=entry.carryover, carry=entry.carry,
                        sampling=sampling, top_k=top_k, top_p=top_p)
     prompts = [r["prompt_ids"] for r in rows] + [rows[0]["prompt_ids"]] * (b - n)
-    tp, dp = target.params, drafter.params
-    s = sp.prefill(sc, tp, dp, jnp.asarray(pad_batch(prompts, bucket)), jnp.asarray(lens, jnp.int32),
-                   jnp.asarray(news, jnp.int32), jnp.full((b,), temperature, jnp.float32),
+    s = sp.prefill(sc, target.params, drafter.params, jnp.asarray(pad_batch(prompts, bucket)),
+                   jnp.asarray(lens, jnp.int32), jnp.asarray(news, jnp.int32), jnp.full((b,), temperature, jnp.float32),
                    jnp.full((MAX_STOP_IDS,), -1, jnp.int32), jax.random.key(0), max_len=cache_len,
                    out_size=out_size, max_rounds=out_size)
     first = jnp.asarray(roll[:, 0])  # the prefill's token is the rollout's first, whatever the prefill drew
@@ -161,14 +165,23 @@ def replay_rollouts(target, drafter, entry, rows: list[dict], *, temperature: fl
     seeds = [rollout_seed(r["seed"], r["dataset"], r["prompt"]) for r in rows] + [0] * (b - n)
     keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
     if sampling:
-        p_roll, h_roll = jnp.asarray(p_roll), jnp.asarray(h_roll)
-        if p_roll.shape[0] < b:
-            pad = b - p_roll.shape[0]
-            p_roll = jnp.pad(p_roll, ((0, pad), (0, 0)))
-            h_roll = jnp.pad(h_roll, ((0, pad), (0, 0), (0, 0)))
+        pad = b - p_roll.shape[0]
+        p_roll = jnp.pad(jnp.asarray(p_roll), ((0, pad), (0, 0)))
+        h_roll = jnp.pad(jnp.asarray(h_roll), ((0, pad), (0, 0), (0, 0)))
     else:
         p_roll = h_roll = jnp.zeros((b, 1), jnp.float32)
-    s = replay_loop(sc, tp, dp, s, jnp.asarray(roll), jnp.asarray(lens, jnp.int32), p_roll, h_roll, keys)
+    return sc, s, jnp.asarray(roll), jnp.asarray(lens, jnp.int32), p_roll, h_roll, keys
+
+
+def replay_rollouts(target, drafter, entry, rows: list[dict], *, temperature: float, top_k: int = 0,
+                    top_p: float = 1.0, p_roll=None, h_roll=None, batch: int | None = None) -> list[list[int]]:
+    """Per rollout (`rows`: {"prompt_ids", "tokens", "seed", "dataset", "prompt"}), the accepted drafts of each
+    round of `drafter` decoding it (`entry.carryover`: with carried rows, as `entry.carry` says), the last
+    round cut to the tokens left, as the engine commits it. `batch` pads the rows to that many (one compiled
+    shape per bucket); at T > 0 `p_roll` / `h_roll` are `offline.target_pass`'s over the same rows."""
+    sc, *args = replay_setup(target, drafter, entry, rows, temperature=temperature, top_k=top_k, top_p=top_p,
+                             p_roll=p_roll, h_roll=h_roll, batch=batch)
+    s = replay_loop(sc, target.params, drafter.params, *args)
     out, num_out, rounds, accepted = jax.device_get((s.out, s.num_out, s.rounds, s.accepted))
     result = []
     for i, r in enumerate(rows):
