@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from carryover_jax.eval.metrics import result_summary
 from carryover_jax.eval.paired import MIN_PROMPTS, MIN_TIMING_REPEATS
 
@@ -140,6 +142,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     L.append("Plots: `tau.png` (τ per dataset per drafter), `throughput.png` (throughput vs batch), "
              "`accept_lengths.png` (distribution of accepted lengths)"
              + (", `diagnostics.png` (ON/OFF replay, re-convergence)" if diag else "")
+             + (", `attention.png` (attention to carried rows)" if diag and diag.get("attention") else "")
              + (", `curve.png` (τ and speedup vs training time)" if curve else "") + ".")
     return "\n".join(L) + "\n"
 
@@ -202,6 +205,23 @@ def render_paired(summary: dict[str, Any]) -> list[str]:
             "|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
+def _attention_rows(attention: dict[str, dict[str, Any]]) -> list[str]:
+    """Per arm and carried count r: the block's mean attention mass on the context (all of it, and the rows
+    shown in attention.png), on the carried rows and on the block itself (eval/attention.py)."""
+    rows = []
+    for lab, rep in attention.items():
+        w, P = rep["window"], rep["P"]
+        for r, cell in enumerate(rep["by_carried"]):
+            if not cell["rounds"]:
+                continue
+            m = np.asarray(cell["mean"]).mean(axis=0)  # over the block queries
+            rows.append(f"| {lab} | {'ON' if rep['carryover'] else 'off'} | {r} | {cell['rounds']} | "
+                        f"{cell['context_mass']:.3f} | {m[:w].sum():.3f} | {m[w:w + P].sum():.3f} | "
+                        f"{m[w + P:].sum():.3f} |")
+    return ["| arm | carried rows | r | rounds | context (all) | context (shown) | carried rows | block |",
+            "|---|---|---|---|---|---|---|---|", *rows]
+
+
 def render_diagnostics(diag: dict[str, Any]) -> list[str]:
     L = ["### Diagnostics (T = 0)", ""]
     for lab, rep in diag.get("replay", {}).items():
@@ -214,6 +234,12 @@ def render_diagnostics(diag: dict[str, Any]) -> list[str]:
               f"{rep['sequences']} AR outputs, {rep['anchors_per_sequence']} anchors each, draft 2 at s + a + 1 "
               f"after a greedy draft 1; anchors with carried rows per slot: {c['slot_counts']}", "",
               *_recall_rows(c)]
+    if diag.get("attention"):
+        w = next(iter(diag["attention"].values()))["window"]
+        L += ["Attention of the block to carried rows (Figure 6 of the paper, `attention.png`): the drafter's "
+              "attention probabilities, averaged over heads, draft layers, block queries and the rounds with r "
+              f"carried rows (the previous round's P − a); \"shown\" = the {w} context rows before the anchor.", "",
+              *_attention_rows(diag["attention"]), ""]
     for lab, rc in diag.get("reconvergence", {}).items():
         L.append(f"Re-convergence, drafter **{lab}**: {rc['rejections']} rejected branches; "
                  f"{100 * rc['reappear_rate']:.1f}% of the rejected suffix tokens after the first reappear in "
