@@ -102,9 +102,10 @@ def _fuse(weights: dict, features: Tensor, eps: float) -> Tensor:
 
 
 def _layer(weights: dict, i: int, h: Tensor, block_positions: Tensor, segments: list, block_mask: Tensor,
-           config: dict, inv_freq: Tensor) -> Tensor:
+           config: dict, inv_freq: Tensor, attn_probs: Optional[list] = None) -> Tensor:
     """One pre-norm decoder layer. `segments` = [(rows [B, L, d], positions, visible [B, L]), ...] are the
-    non-block key/value sources (context, carried): same rows at every layer, no input_layernorm."""
+    non-block key/value sources (context, carried): same rows at every layer, no input_layernorm.
+    `attn_probs`: a list the layer's attention probabilities [B, H, T, keys] are appended to."""
     p = f"layers.{i}."
     eps = config["rms_norm_eps"]
     n_heads, n_kv, dh = config["num_attention_heads"], config["num_key_value_heads"], _head_dim(config)
@@ -142,6 +143,8 @@ def _layer(weights: dict, i: int, h: Tensor, block_positions: Tensor, segments: 
     probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
     # A row with no visible key softmaxes to NaN; define its output as zero instead.
     probs = torch.where(mask.any(-1, keepdim=True), probs, torch.zeros_like(probs))
+    if attn_probs is not None:
+        attn_probs.append(probs)
     attn = (probs @ v).transpose(1, 2).reshape(B, T, n_heads * dh)
     h = h + _linear(attn, weights[p + "self_attn.o_proj.weight"])
 
@@ -153,12 +156,14 @@ def _layer(weights: dict, i: int, h: Tensor, block_positions: Tensor, segments: 
 def drafter_logits(weights, config, embed, lm_head, block_tokens, block_positions,
                    ctx_features=None, ctx_positions=None, ctx_valid=None,
                    carried_features=None, carried_positions=None, rejected_count=None,
-                   block_mask=None) -> Tensor:
+                   block_mask=None, attn_probs: Optional[list] = None) -> Tensor:
     """Backbone logits [B, T, V] (no Markov bias). Any segment given as None is absent.
 
     Shapes: block_tokens/block_positions [B, T]; ctx_features [B, S, m*d], ctx_positions/ctx_valid [B, S]
     (ctx_valid None = all valid); carried_features [B, P, m*d], carried_positions [B, P],
     rejected_count [B] (None = all P rows valid); block_mask [B, T, T] bool (None = all visible).
+    `attn_probs`: a list each layer's attention probabilities [B, H, T, keys] are appended to (keys: context,
+    carried, block, in that order: the attention diagnostic's reference).
     A missing `e_rej` in weights is treated as zeros (a Carryover embedding that was never trained)."""
     eps = config["rms_norm_eps"]
     B, T = block_tokens.shape
@@ -187,7 +192,7 @@ def drafter_logits(weights, config, embed, lm_head, block_tokens, block_position
     mask = torch.ones(B, T, T, dtype=torch.bool, device=dev) if block_mask is None else block_mask.to(torch.bool)
     h = _f32(embed)[block_tokens]
     for i in range(config["num_hidden_layers"]):
-        h = _layer(weights, i, h, block_positions, segments, mask, config, inv_freq)
+        h = _layer(weights, i, h, block_positions, segments, mask, config, inv_freq, attn_probs)
     return _rms_norm(h, weights["norm.weight"], eps) @ _f32(lm_head).T
 
 

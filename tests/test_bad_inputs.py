@@ -410,11 +410,17 @@ CLI_ROWS = [
     Row("eval results.json truncated", lambda e: ["eval", "--out", str(e.tmp / "o"), "--from-json",
                                                   write(e, "results.json", '{"config": ')],
         r"results\.json: not valid JSON"),
-    Row("eval offline Carryover arm", lambda e: [
+    # an A/B that could resolve nothing (paired.MIN_PROMPTS), refused before the target loads
+    Row("eval A/B on too few prompts", lambda e: [
+        "eval", "--target", str(e.target), "--quiet", "--out", str(e.tmp / "o"), "--drafter", f"a={e.drafter}",
+        "--drafter", f"b={e.drafter}:carryover", "--datasets", str(e.prompts), "--prompts-per-dataset", "2"],
+        r"2 arms on 2 prompts per dataset x 1 dataset: 2 prompts cannot resolve a comparison of arms: a paired 95% "
+        r"interval needs >= 10 prompts"),
+    Row("eval offline A/B on too few prompts", lambda e: [
         "eval", "--target", str(e.target), "--quiet", "--offline", "--out", str(e.tmp / "o"),
-        "--drafter", f"a={e.drafter}:carryover", "--datasets", str(e.prompts)],
-        r"drafter a: --offline scores arms without carried rows only: a Carryover arm's proposals depend on the "
-        r"previous round's rejected verify states"),
+        "--drafter", f"a={e.drafter}", "--drafter", f"b={e.drafter}:carryover", "--datasets", str(e.prompts),
+        "humaneval", "--prompts-per-dataset", "4"],
+        r"2 arms on 4 prompts per dataset x 2 datasets: 8 prompts cannot resolve a comparison of arms"),
     Row("eval offline batch 0", lambda e: [
         "eval", "--target", str(e.target), "--quiet", "--offline", "--offline-batch", "0", "--out", str(e.tmp / "o"),
         "--drafter", f"a={e.drafter}", "--datasets", str(e.prompts)],

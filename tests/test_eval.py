@@ -187,23 +187,40 @@ def test_eval_refuses_a_drafter_for_another_target_or_mask(tok_target, tmp_path,
     wide = _save_drafter(target, tmp_path / "wide", hidden=32)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "w5 w6 w7"}\n')
-    base = ["eval", "--target", str(tok_target), "--datasets", str(prompts), "--quiet", "--out", str(tmp_path / "o"),
-            "--drafter", f"b={good}"]
+    base = ["eval", "--target", str(tok_target), "--datasets", str(prompts), "--prompts-per-dataset", "10", "--quiet",
+            "--out", str(tmp_path / "o"), "--drafter", f"b={good}"]
     assert main(base + ["--drafter", f"c={other_mask}:carryover"]) == 2
     err = capsys.readouterr().err
     assert err == "carryover eval: error: drafter c: MASK token id 7 does not match the target's MASK id 4\n"
     assert main(base + ["--drafter", f"w={wide}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("carryover eval: error: drafter w: drafter/target mismatch") and err.count("\n") == 1
+    # 10 prompts asked for, 1 in the file: an A/B that could resolve nothing, refused before any decoding
+    assert main(base + ["--drafter", f"c={good}:carryover"]) == 2
+    assert capsys.readouterr().err == (
+        "carryover eval: error: eval: the prompts that fit: 1 prompt cannot resolve a comparison of arms: a paired "
+        "95% interval needs >= 10 prompts (carryover_jax/eval/paired.py)\n")
     assert not (tmp_path / "o").exists()
     # a target without a default MASK row: the drafters must agree with the first one
     with pytest.raises(CarryoverError, match="drafter c: MASK token id 7 does not match the target's MASK id 4"):
         load_entries(target, [DrafterEntry("b", good), DrafterEntry("c", other_mask)])
 
 
+def _ten_prompts(folder):
+    """10 JSONL prompts (paired.MIN_PROMPTS: fewer could not resolve an A/B), one of them multi-turn."""
+    prompts = folder / "p.jsonl"
+    prompts.write_text('{"prompt": "w5 w6 w7 w8 w9 w10"}\n'
+                       '{"messages": [{"role": "user", "content": "w11 w12 w13 w14 w15 w16 w17 w18 w19 w20 w21"}, '
+                       '{"role": "assistant", "content": "w30"}, {"role": "user", "content": "w40"}]}\n'
+                       + "".join(json.dumps({"prompt": " ".join(f"w{5 + (i * 11 + j) % 80}" for j in range(3 + i))})
+                                 + "\n" for i in range(8)))
+    return prompts
+
+
 def test_eval_end_to_end_on_tiny_models(tok_target, tmp_path, capsys):
-    """The CLI on a tiny target: 2 JSONL prompts at T = 0, a baseline and a Carryover arm, throughput at
-    batch 1, diagnostics; every speculative sequence equals AR; the report re-renders from the JSON."""
+    """The CLI on a tiny target: 10 JSONL prompts at T = 0, a baseline and a Carryover arm timed interleaved
+    twice each, throughput at batch 1, diagnostics; every speculative sequence equals AR; the report re-renders
+    from the JSON."""
     from carryover_jax import load_target
     from carryover_jax.cli import main
     from carryover_jax.eval.report import render_markdown
@@ -211,22 +228,22 @@ def test_eval_end_to_end_on_tiny_models(tok_target, tmp_path, capsys):
     target = load_target(tok_target, tokenizer=False)
     base = _save_drafter(target, tmp_path / "base", carryover=False, seed=1)
     carry = _save_drafter(target, tmp_path / "carry", carryover=True, seed=2)
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "w5 w6 w7 w8 w9 w10"}\n'
-                       '{"messages": [{"role": "user", "content": "w11 w12 w13 w14 w15 w16 w17 w18 w19 w20 w21"}, '
-                       '{"role": "assistant", "content": "w30"}, {"role": "user", "content": "w40"}]}\n')
+    prompts = _ten_prompts(tmp_path)
     out = tmp_path / "eval"
     assert main(["eval", "--target", str(tok_target), "--drafter", f"baseline={base}",
                  "--drafter", f"carryover={carry}:carryover", "--datasets", f"mine={prompts}",
-                 "--max-new-tokens", "12", "--temperatures", "0", "--batch-sizes", "1", "--diagnostics",
-                 "--diagnostic-prompts", "1", "--timing-repeats", "2", "--quiet", "--out", str(out)]) == 0
+                 "--prompts-per-dataset", "10", "--max-new-tokens", "12", "--temperatures", "0", "--batch-sizes", "1",
+                 "--diagnostics", "--diagnostic-prompts", "1", "--timing-repeats", "2", "--quiet",
+                 "--out", str(out)]) == 0
     result = json.loads((out / "results.json").read_text())
     log = result["log"]
-    assert len(log) == 2 * 3 and [r["prompt"] for r in log if r["mode"] == "ar"] == ["1", "2"]
+    assert len(log) == 10 * 3 and [r["prompt"] for r in log if r["mode"] == "ar"][:2] == ["1", "2"]
     assert result["config"]["timing_repeats"] == 2
+    assert all(len(r["time_s_repeats"]) == 2 and r["time_s"] == pytest.approx(np.median(r["time_s_repeats"]))
+               for r in log)
     assert all(r["matches_ar"] for r in log if r["mode"] != "ar")
     s = result["summary"]
-    assert s["check"]["identical_to_ar"] == 4 and s["check"]["throughput_identical_to_ar"]
+    assert s["check"]["identical_to_ar"] == 20 and s["check"]["throughput_identical_to_ar"]
     per_token = lambda rs: sum(r["time_s"] for r in rs) / sum(r["new_tokens"] for r in rs)  # noqa: E731
     for lab in ("baseline", "carryover"):
         c = s["temperatures"]["0"]["datasets"]["all"][lab]
@@ -235,21 +252,53 @@ def test_eval_end_to_end_on_tiny_models(tok_target, tmp_path, capsys):
         assert c["rounds"] == rounds == sum(c["accept_histogram"]) > 0
         assert c["tau"] == pytest.approx(sum(a + 1 for r in recs for a in r["accepted"]) / rounds)
         assert c["speedup"] == pytest.approx(per_token([r for r in log if r["mode"] == "ar"]) / per_token(recs))
+    pair = s["temperatures"]["0"]["paired"]["pairs"][0]["datasets"]["all"]
+    assert pair["tau"]["prompts"] == 10 and pair["speedup"]["repeats"] == 2
     diag = result["diagnostics"]
     assert diag["identical_to_ar"] == {"baseline": True, "carryover": True}
     assert list(diag["replay"]) == ["carryover"] and diag["replay"]["carryover"]["rounds"] > 0
     assert set(diag["reconvergence"]) == {"baseline", "carryover"}
+    att = diag["attention"]
+    assert [att[lab]["carryover"] for lab in ("baseline", "carryover")] == [False, True]
+    by_r = [c["rounds"] for c in att["carryover"]["by_carried"]]  # the replay counts the rounds with carried rows
+    assert by_r[0] >= 1 and sum(by_r[1:]) == diag["replay"]["carryover"]["rounds"]
     rec = diag["replay_recorded"]["carryover"]
     assert rec["sequences"] == 1 and sum(rec["carried"]["slot_counts"]) > 0
     for arm in ("on", "off"):
         assert all(r16 >= r1 for r1, r16 in zip(rec["all"][f"recall1_{arm}"], rec["all"][f"recall16_{arm}"])
                    if r1 is not None)
     md = (out / "report.md").read_text()
-    assert "All 4 speculative sequences at T = 0 (2 drafters) are token-identical" in md
+    assert "All 20 speculative sequences at T = 0 (2 drafters) are token-identical" in md
     assert "ON/OFF replay, drafter **carryover**" in md and (out / "diagnostics.png").is_file()
     assert "ON/OFF replay on recorded sequences (training-style" in md
+    assert "Attention of the block to carried rows" in md and (out / "attention.png").stat().st_size > 1000
     assert md in capsys.readouterr().out
     assert render_markdown(result) == md
+
+
+def test_a_a_comparison_is_not_resolved(tok_target, tmp_path):
+    """The same Carryover drafter given twice, 10 prompts at T = 0 and 2 seeds of T = 1, timed interleaved: τ is
+    identical (a difference of 0, not resolved) and the speed difference, whatever the machine did, is reported
+    as a timing-noise bound, never as a gain."""
+    from carryover_jax import load_target
+    from carryover_jax.cli import main
+
+    target = load_target(tok_target, tokenizer=False)
+    carry = _save_drafter(target, tmp_path / "carry", carryover=True, seed=2)
+    out = tmp_path / "eval"
+    assert main(["eval", "--target", str(tok_target), "--drafter", f"a={carry}:carryover",
+                 "--drafter", f"b={carry}:carryover", "--datasets", f"mine={_ten_prompts(tmp_path)}",
+                 "--prompts-per-dataset", "10", "--max-new-tokens", "10", "--temperatures", "0", "1", "--seeds", "2",
+                 "--batch-sizes", "--timing-repeats", "2", "--no-plots", "--quiet", "--out", str(out)]) == 0
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    for T in ("0", "1"):
+        (pair,) = summary["temperatures"][T]["paired"]["pairs"]
+        cell = pair["datasets"]["all"]
+        assert cell["tau"]["diff"] == 0 and cell["tau"]["status"] == "not resolved"
+        assert cell["speedup"]["status"] == "timing noise" and not cell["speedup"]["resolved"]
+        assert cell["speedup"]["prompts"] == 10 and cell["speedup"]["seeds"] == (1 if T == "0" else 2)
+    md = (out / "report.md").read_text()
+    assert "timing-noise bound" in md and "| resolved |" not in md
 
 
 def test_replay_matches_the_engines_own_drafts(tiny_llama, tmp_path):

@@ -222,7 +222,9 @@ def accept(sc: SpecConfig, logits, proposals, q, temperature, rng):
     return a, y.astype(jnp.int32)
 
 
-def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals, q):
+def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals, q, decided=None):
+    """`decided` = (a, y) replaces the acceptance test: a replay of a recorded sequence (eval/replay.py)
+    commits its tokens through the engine's own verify, commit and carry."""
     P = sc.P
     b = proposals.shape[0]
     active = ~s.done
@@ -231,7 +233,7 @@ def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals
         {"params": target_params}, chunk, cache=s.target_cache, tap_layers=sc.drafter.target_layer_ids)
     rows = D.fuse_rows(sc.drafter, draft_params, jnp.concatenate(taps, axis=-1))  # [B, P+1, d], fused once
     rng, sub = jax.random.split(s.rng)
-    a, y = accept(sc, logits, proposals, q, s.temperature, sub)
+    a, y = accept(sc, logits, proposals, q, s.temperature, sub) if decided is None else decided
 
     # tokens committed this round: d_1..d_a, y — cut at a stop token and at max_new
     j = jnp.arange(P + 1)[None, :]

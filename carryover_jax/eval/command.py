@@ -8,6 +8,7 @@ import sys
 
 from carryover_jax import bounds as B
 from carryover_jax.errors import CarryoverError
+from carryover_jax.eval.paired import MIN_PROMPTS, MIN_TIMING_REPEATS, TIMING_REPEATS, check_resolvable
 from carryover_jax.eval.settings import BOUNDS, check_settings
 from carryover_jax.loading import load_target
 from carryover_jax.numerics import Numerics
@@ -52,8 +53,9 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
                    help="throughput pass at T = 0 (none: skip it)")
     p.add_argument("--max-len", type=B.arg(BOUNDS["max_len"]), default=None,
                    help="KV cache length (default: fits each request)")
-    p.add_argument("--timing-repeats", type=B.arg(BOUNDS["timing_repeats"]), default=1,
-                   help="time every call N times and keep the median (a busy machine); the tokens are the same")
+    p.add_argument("--timing-repeats", type=B.arg(BOUNDS["timing_repeats"]), default=TIMING_REPEATS,
+                   help="time AR and every arm N times per prompt, interleaved (the tokens are the same); a speedup "
+                        f"comparison is resolved only with >= {MIN_TIMING_REPEATS}")
     p.add_argument("--mask-token-id", type=B.arg(BOUNDS["mask_token_id"]), default=None,
                    help="the MASK row every drafter must use (default: the target's)")
     p.add_argument("--diagnostics", action="store_true",
@@ -61,9 +63,9 @@ def add_parser(sub, add_target_args) -> argparse.ArgumentParser:
     p.add_argument("--diagnostic-prompts", type=B.arg(BOUNDS["diagnostic_prompts"]), default=4,
                    help="prompts per dataset for --diagnostics")
     p.add_argument("--offline", action="store_true",
-                   help="no decoding: exact expected decoding rounds of every arm on the target's own rollouts of "
-                        "the prompts (recorded once; T = 0 exact greedy round counts, T > 0 expected rounds); "
-                        "τ only (no speed); arms without carried rows only")
+                   help="no AR decoding: the decoding rounds of every arm on the target's own rollouts of the "
+                        "prompts (recorded once, shared by every arm; T = 0 exact greedy round counts, T > 0 expected "
+                        "rounds, or for ':carryover' arms a seeded replay of the engine's rounds); τ only (no speed)")
     p.add_argument("--rollouts", default=None, metavar="DIR",
                    help="--offline: rollout cache folder (rollouts.jsonl); recorded rollouts are reused, new "
                         "ones appended (default: none kept)")
@@ -101,13 +103,17 @@ def main(args) -> int:
     if args.offline and args.curve:
         raise CarryoverError("--offline with --curve: give the snapshots as --drafter arms (the pipeline's curve "
                              "stage does this)")
+    # an A/B (two or more --drafter arms) that could not resolve anything is refused before the target loads;
+    # `min_prompts` refuses it again when fewer of the prompts fit (--curve is a trend over snapshots, not an A/B)
+    min_prompts = MIN_PROMPTS if len(args.drafter or []) >= 2 else None
+    if min_prompts:
+        check_resolvable(args.prompts_per_dataset * len(args.datasets),
+                         f"{len(args.drafter)} arms on {args.prompts_per_dataset} prompts per dataset x "
+                         f"{len(args.datasets)} dataset{'s' * (len(args.datasets) != 1)}")
     if args.offline:
-        from carryover_jax.eval.offline import CARRYOVER_REFUSAL, evaluate_offline
+        from carryover_jax.eval.offline import evaluate_offline
         from carryover_jax.eval.report import render_offline
 
-        for e in entries:  # before the target loads
-            if e.carryover:
-                raise CarryoverError(CARRYOVER_REFUSAL.format(label=f"drafter {e.label}"))
         target = load_target(args.target, numerics=Numerics.from_args(args).resolve())
         result = evaluate_offline(
             target, entries, datasets=args.datasets, prompts_per_dataset=args.prompts_per_dataset,
@@ -115,7 +121,7 @@ def main(args) -> int:
             chat=not args.no_chat, max_new_tokens=args.max_new_tokens, temperatures=args.temperatures,
             seeds=args.seeds, max_len=args.max_len, mask_token_id=args.mask_token_id, dtype=args.dtype,
             rollouts=args.rollouts, batch_size=args.offline_batch, progress=not args.quiet,
-            log=lambda msg: print(msg, file=sys.stderr))
+            log=lambda msg: print(msg, file=sys.stderr), min_prompts=min_prompts)
         out = write_outputs(result, args.out)
         print(render_offline(result))
         print(f"eval: wrote {out}", file=sys.stderr)
@@ -127,7 +133,7 @@ def main(args) -> int:
         chat=not args.no_chat, max_new_tokens=args.max_new_tokens, temperatures=args.temperatures, seeds=args.seeds,
         batch_sizes=args.batch_sizes, max_len=args.max_len, mask_token_id=args.mask_token_id, dtype=args.dtype,
         diagnostics=args.diagnostics, diagnostic_prompts=args.diagnostic_prompts, progress=not args.quiet,
-        log=lambda msg: print(msg, file=sys.stderr), timing_repeats=args.timing_repeats)
+        log=lambda msg: print(msg, file=sys.stderr), timing_repeats=args.timing_repeats, min_prompts=min_prompts)
     if args.curve:
         result["curve"] = curve_rows(result, args.curve)
     out = write_outputs(result, args.out, plots=not args.no_plots)

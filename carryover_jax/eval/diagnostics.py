@@ -1,4 +1,4 @@
-"""The paper's decoding diagnostics (Figures 4-5), measured while decoding greedily (T = 0).
+"""The paper's decoding diagnostics (Figures 4-6), measured while decoding greedily (T = 0).
 
 - **ON/OFF replay at decode time** (Carryover arms): before every round's draft, the drafter's logits are computed
   twice on the same state — same weights, same anchor, same committed-context cache — once with the
@@ -12,6 +12,9 @@
   replay of `train/dvd.py` — DVD's greedy draft 1 at sampled anchors of the recorded AR outputs, the
   target's verify features at the rejected positions, then draft 2 at s + a + 1 with those carried rows
   supplied vs withheld; the same R@1/R@16 per slot against the recorded tokens.
+- **Attention to carried rows** (every arm; Figure 6, `attention.py`): the block's attention probabilities over
+  the context before the anchor, the carried rows and the block, averaged over heads, draft layers and the
+  rounds with each carried count.
 - **Re-convergence of rejected branches** (every arm): for a round that accepts a < P drafts, the
   rejected suffix is d_{a+1}..d_P; d_{a+1} lost to the correction token. For the later ones (offset
   j = 1..P-a-1) we count (i) `aligned`: d_{a+1+j} equals the committed token at the same position, and
@@ -37,6 +40,7 @@ from carryover_jax.decode import drafting as D
 from carryover_jax.decode import speculative as sp
 from carryover_jax.decode.generate import MAX_STOP_IDS, generate, pad_batch, plan_lengths
 from carryover_jax.errors import CarryoverError
+from carryover_jax.eval.attention import AttentionTally, round_attention
 from carryover_jax.models.drafter import Drafter, frozen_from_target, to_target_ids
 from carryover_jax.train import dvd
 from carryover_jax.train.losses import batch_features, proposal_hidden
@@ -69,7 +73,7 @@ def replay_hits(sc, target_params, draft_params, s, targets, *, k: int = TOP_K):
 
 
 def _decode_with_log(target, entry, drafter, ids: list[list[int]], ref: list[list[int]], *, max_new_tokens: int,
-                     max_len, stop_ids: list[int], replay: bool):
+                     max_len, stop_ids: list[int], replay: bool, attention: AttentionTally | None = None):
 
     dcfg, dp, tp = drafter.cfg, drafter.params, target.params
     P = dcfg.num_proposals
@@ -101,6 +105,9 @@ def _decode_with_log(target, entry, drafter, ids: list[list[int]], ref: list[lis
             for key, arr in zip(("on1", "onk", "off1", "offk"), h[:4]):
                 counts[key] += (arr & valid).sum(0)
             counts["valid"] += valid.sum(0)
+        if attention is not None:
+            maps, ctx = jax.device_get(round_attention(sc, tp, dp, s, window=attention.window))
+            attention.add(maps, ctx, jax.device_get(s.rejected_count), ~done)
         toks, q, s = sp.draft_step(sc, tp, dp, s)
         rounds_log.append((cur.copy(), ~done, np.asarray(jax.device_get(toks))))
         s = sp.verify_step(sc, tp, dp, s, toks, q)
@@ -151,13 +158,15 @@ def run_diagnostics(target, drafters, items: Sequence, *, max_new_tokens: int, m
     ref = [r.token_ids for r in generate(target, ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
                                          max_len=max_len, chat=False)]
     out: dict[str, Any] = {"prompts": len(items), "replay": {}, "replay_recorded": {}, "reconvergence": {},
-                           "identical_to_ar": {}}
+                           "identical_to_ar": {}, "attention": {}}
     recorded = [(ids[i] + ref[i], len(ids[i])) for i in range(len(ids)) if len(ref[i]) >= 2]
     for entry, d in tqdm(drafters, desc="eval diagnostics", disable=not progress):
         P = d.cfg.num_proposals
+        tally = AttentionTally(P, d.cfg.block_size)
         finals, counts, rounds_log, accepted = _decode_with_log(
             target, entry, d, ids, ref, max_new_tokens=max_new_tokens, max_len=max_len, stop_ids=stops,
-            replay=entry.carryover)
+            replay=entry.carryover, attention=tally)
+        out["attention"][entry.label] = tally.report(entry.carryover)
         out["identical_to_ar"][entry.label] = finals == ref
         out["reconvergence"][entry.label] = _reconvergence(rounds_log, accepted, finals, P)
         if entry.carryover:

@@ -23,8 +23,9 @@ Directly Minimizing Expected Decoding Rounds"):
   round count of greedy speculative decoding on that rollout, and `accepted` is its per-round list
   (the last round cut to the tokens left, as the engine commits it).
 
-Carryover arms are refused: their proposals depend on the previous round's rejected verify states,
-which differ with every path through the rollout.
+Carryover arms (their proposals depend on the previous round's rejected verify states, which differ with
+every path through the rollout) are decoded on the same rollouts instead: `replay.py`, exact round counts
+at T = 0 and a seeded draw of the engine's rounds given the rollout at T > 0.
 """
 
 from __future__ import annotations
@@ -47,18 +48,14 @@ from carryover_jax.config import DrafterConfig, LossConfig, TargetConfig
 from carryover_jax.decode.generate import generate
 from carryover_jax.decode.sampling import probs
 from carryover_jax.errors import CarryoverError
-from carryover_jax.eval.paired import paired_bootstrap
+from carryover_jax.eval.paired import check_resolvable, compare_tau
+from carryover_jax.eval.replay import replay_rollouts
 from carryover_jax.eval.settings import BOUNDS
 from carryover_jax.models.drafter import Drafter, draft_index_table, frozen_from_target
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
 from carryover_jax.train.dvd import draft_proposals
 from carryover_jax.train.losses import chunked_rows, proposal_hidden
-
-CARRYOVER_REFUSAL = ("{label}: --offline scores arms without carried rows only: a Carryover arm's proposals "
-                     "depend on the previous round's rejected verify states, which one teacher-forced pass over "
-                     "the rollout does not have (decode it: drop --offline, or give the arm without ':carryover')")
-
 
 # ---- rollouts: the target's own outputs, recorded once ----------------------------------------------------
 def rollout_key(target_id: str, prompt_ids: Sequence[int], *, max_new_tokens: int, temperature: float, seed: int,
@@ -147,11 +144,12 @@ class OfflineConfig:
 def target_pass(tc: TargetConfig, layer_ids: tuple[int, ...], sampling: bool, top_k: int, top_p: float, chunk: int,
                 target_params, ids, temperature):
     """The frozen target over the rollouts ids [B, S]: the drafter's features [B, S, m·d] and, when
-    sampling, p_y [B, S] = p(ids[:, j] | ids[:, < j]) after the sampling processing (0 at j = 0)."""
+    sampling, p_y [B, S] = p(ids[:, j] | ids[:, < j]) after the sampling processing (0 at j = 0) and the
+    final-normed hidden states [B, S, d] (the Carryover replay's residuals, `replay.py`)."""
     taps, last = TargetLM(tc).apply({"params": target_params}, ids, layer_ids, method=TargetLM.features)
     feats = jnp.concatenate(taps, axis=-1)
     if not sampling:
-        return feats, None
+        return feats, None, None
     b, s = ids.shape
 
     def p_of(h, y):
@@ -160,7 +158,7 @@ def target_pass(tc: TargetConfig, layer_ids: tuple[int, ...], sampling: bool, to
         return jnp.take_along_axis(pr, y[:, None], axis=-1)[:, 0]
 
     py = chunked_rows(p_of, (last[:, :-1].reshape(b * (s - 1), -1), ids[:, 1:].reshape(-1)), chunk)
-    return feats, jnp.pad(py.reshape(b, s - 1), ((0, 0), (1, 0)))
+    return feats, jnp.pad(py.reshape(b, s - 1), ((0, 0), (1, 0))), last
 
 
 @functools.partial(jax.jit, static_argnames=("oc",))
@@ -238,11 +236,9 @@ def _bucket(x: int, m: int) -> int:
 
 def score_rollouts(target, drafters, rollouts: list[dict], *, top_k: int = 0, top_p: float = 1.0,
                    batch_size: int = 8, loss_chunk: int = 1024, progress: bool = True) -> list[dict]:
-    """One record per (arm, rollout) (`metrics`-style log entries with expected rounds): the target pass
-    runs once per batch of rollouts and is shared by every arm tapping the same layers."""
-    for e, _ in drafters:
-        if e.carryover:
-            raise CarryoverError(CARRYOVER_REFUSAL.format(label=e.label))
+    """One record per (arm, rollout) (`metrics`-style log entries with expected rounds; Carryover arms: the
+    replayed rounds, `replay.py`): the target pass runs once per batch of rollouts and is shared by every arm
+    tapping the same layers."""
     log: list[dict] = []
     groups: dict[float, list[dict]] = {}
     for r in rollouts:
@@ -273,7 +269,14 @@ def score_rollouts(target, drafters, rollouts: list[dict], *, top_k: int = 0, to
                 if layers not in feats_by_layers:
                     feats_by_layers[layers] = target_pass(target.cfg, layers, sampling, top_k, top_p, loss_chunk,
                                                           target.params, ids, jnp.float32(T))
-                feats, py = feats_by_layers[layers]
+                feats, py, last = feats_by_layers[layers]
+                if e.carryover:
+                    replayed = replay_rollouts(target, d, e, chunk, temperature=T, top_k=top_k, top_p=top_p,
+                                               p_roll=py, h_roll=last, batch=b)
+                    for r, a in zip(chunk, replayed):
+                        log.append({"mode": e.label, "dataset": r["dataset"], "prompt": r["prompt"], "temperature": T,
+                                    "seed": r["seed"], "new_tokens": len(r["tokens"]), "rounds": len(a), "accepted": a})
+                    continue
                 oc = OfflineConfig(target=target.cfg, drafter=dc, sampling=sampling, top_k=top_k, top_p=top_p,
                                    loss_chunk=loss_chunk)
                 acc = np.asarray(acceptance(oc, target.params, d.params, feats, py, ids, lm, anchors, keep,
@@ -301,7 +304,8 @@ def _tau(recs) -> float:
 
 def summarize_offline(log: list[dict], labels: Sequence[str]) -> dict[str, Any]:
     """Per temperature: τ per dataset and over the mix (micro: Σ(G − 1) / Σ rounds) for every arm, the
-    per-prompt τ values, and the paired comparison (paired.py) of every pair of arms."""
+    per-prompt τ and rounds, and the paired comparison (paired.py: the micro τ, a ratio of sums) of every pair
+    of arms."""
     out: dict[str, Any] = {"temperatures": {}}
     datasets = list(dict.fromkeys(r["dataset"] for r in log))
     for T in sorted({r["temperature"] for r in log}):
@@ -309,9 +313,13 @@ def summarize_offline(log: list[dict], labels: Sequence[str]) -> dict[str, Any]:
         seeds = sorted({r["seed"] for r in recs})
         prompts = list(dict.fromkeys((r["dataset"], r["prompt"]) for r in recs))
         by = {(r["mode"], r["dataset"], r["prompt"], r["seed"]): r for r in recs}
-        values = {lab: [[(by[(lab, ds, pid, s)]["new_tokens"] - 1) / by[(lab, ds, pid, s)]["rounds"]
-                         if (lab, ds, pid, s) in by and by[(lab, ds, pid, s)]["rounds"] else None
-                         for ds, pid in prompts] for s in seeds] for lab in labels}
+
+        def column(lab, key):
+            rows = [[by.get((lab, ds, pid, s)) for ds, pid in prompts] for s in seeds]
+            return [[None if r is None or not r["rounds"] else key(r) for r in row] for row in rows]
+
+        values = {lab: {"tau": column(lab, lambda r: (r["new_tokens"] - 1) / r["rounds"]),
+                        "rounds": column(lab, lambda r: r["rounds"])} for lab in labels}
         cells: dict[str, Any] = {}
         for ds in datasets + ["all"]:
             cell = {}
@@ -327,12 +335,12 @@ def summarize_offline(log: list[dict], labels: Sequence[str]) -> dict[str, Any]:
                 pc = {}
                 for ds in datasets + ["all"]:
                     cols = [i for i, (d, _) in enumerate(prompts) if ds == "all" or d == ds]
-                    x = np.array([[values[la][si][i] for i in cols] for si in range(len(seeds))], dtype=object)
-                    y = np.array([[values[lb][si][i] for i in cols] for si in range(len(seeds))], dtype=object)
-                    ok = [i for i in range(len(cols)) if all(v is not None for v in x[:, i])
-                          and all(v is not None for v in y[:, i])]
-                    pc[ds] = {"tau": paired_bootstrap(x[:, ok].astype(float), y[:, ok].astype(float))
-                              if len(ok) >= 2 else None}
+
+                    def pick(lab, key):
+                        return [[row[i] for i in cols] for row in values[lab][key]]
+
+                    pc[ds] = {"tau": compare_tau(pick(la, "tau"), pick(lb, "tau"), pick(la, "rounds"),
+                                                 pick(lb, "rounds"))}
                 pairs.append({"label": la, "vs": lb, "datasets": pc})
         out["temperatures"][f"{float(T):g}"] = {
             "seeds": seeds, "datasets": cells,
@@ -346,17 +354,15 @@ def evaluate_offline(target, drafters, *, datasets: Sequence[str] = ("humaneval"
                      temperatures: Sequence[float] = (0.0,), seeds: int = 1, max_len: int | None = None,
                      top_k: int = 0, top_p: float = 1.0, mask_token_id: int | None = None, dtype: str | None = None,
                      rollouts: str | Path | None = None, batch_size: int = 8, out: str | Path | None = None,
-                     progress: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """`carryover eval --offline` as one call: load and check the arms (Carryover arms refused), read the
+                     progress: bool = True, log: Callable[[str], None] | None = None,
+                     min_prompts: int | None = None) -> dict[str, Any]:
+    """`carryover eval --offline` as one call: load and check the arms, read the
     prompts as `evaluate` does, record (or reuse from the `rollouts` cache folder) the target's rollouts,
     score every arm on them, and write `out` (results.json, report.md). Returns the result dict."""
     from carryover_jax.eval.run import _device, drafter_info, load_entries, load_items, parse_drafter_spec, \
         write_outputs
 
     entries = [parse_drafter_spec(d) if isinstance(d, str) else d for d in drafters]
-    for e in entries:
-        if e.carryover:
-            raise CarryoverError(CARRYOVER_REFUSAL.format(label=f"drafter {e.label}"))
     B.check("seeds", seeds, BOUNDS["seeds"])
     loaded = load_entries(target, entries, mask_token_id, dtype=dtype)
     items, skipped, heldout_per_mille = load_items(target, datasets, prompts_per_dataset=prompts_per_dataset,
@@ -364,6 +370,8 @@ def evaluate_offline(target, drafters, *, datasets: Sequence[str] = ("humaneval"
                                                    heldout_per_mille=heldout_per_mille, chat=chat, log=log)
     if not items:
         raise CarryoverError("no prompts")
+    if min_prompts:  # an A/B that could resolve nothing: refused before any rollout is recorded
+        check_resolvable(len(items), "eval --offline: the prompts that fit")
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     rolls = record_rollouts(target, items, max_new_tokens=max_new_tokens, temperatures=temperatures, seeds=seeds,
                             top_k=top_k, top_p=top_p, max_len=max_len, cache=rollouts, batch_size=batch_size,

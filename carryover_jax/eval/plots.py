@@ -1,5 +1,6 @@
 """PNG plots of an eval result: τ per dataset per drafter, throughput vs batch, accepted-length
-distributions, and (when present) the ON/OFF replay recall and re-convergence diagnostics."""
+distributions, and (when present) the ON/OFF replay recall and re-convergence diagnostics and the attention to
+carried rows (`attention.plot`)."""
 
 from __future__ import annotations
 
@@ -109,6 +110,11 @@ def write_plots(result: dict[str, Any], folder: str | Path) -> list[Path]:
         axes[1].legend(fontsize=7)
         fig.tight_layout()
         written.append(_save(fig, folder / "diagnostics.png"))
+        if diag.get("attention"):
+            from carryover_jax.eval.attention import plot as plot_attention
+
+            plot_attention(diag["attention"], folder / "attention.png")
+            written.append(folder / "attention.png")
 
     curve = result.get("curve")
     if curve:  # snapshots of one training run (`carryover eval --curve`)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from carryover_jax.eval.metrics import result_summary
+from carryover_jax.eval.paired import MIN_PROMPTS, MIN_TIMING_REPEATS
 
 
 def _num(x, digits=2, ci=None, suffix=""):
@@ -139,13 +142,41 @@ def render_markdown(result: dict[str, Any]) -> str:
     L.append("Plots: `tau.png` (τ per dataset per drafter), `throughput.png` (throughput vs batch), "
              "`accept_lengths.png` (distribution of accepted lengths)"
              + (", `diagnostics.png` (ON/OFF replay, re-convergence)" if diag else "")
+             + (", `attention.png` (attention to carried rows)" if diag and diag.get("attention") else "")
              + (", `curve.png` (τ and speedup vs training time)" if curve else "") + ".")
     return "\n".join(L) + "\n"
 
 
 def _ci(c: dict, key: str, digits: int, suffix: str = "") -> str:
+    if c[f"{key}_ci"] is None:
+        return f"{c[key]:+.{digits}f}{suffix}"
     lo, hi = c[f"{key}_ci"]
     return f"{c[key]:+.{digits}f}{suffix} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+
+
+def _claim(c: dict) -> str:
+    """What a comparison may say (paired.py): resolved or not, or why it cannot be."""
+    if c["status"] == "too few prompts":
+        return f"too few prompts (< {MIN_PROMPTS})"
+    if c["status"] == "one timing per prompt":
+        return "not resolved: one timing per prompt"
+    return c["status"]
+
+
+def _speedup_cells(sp: dict | None) -> str:
+    if sp is None:
+        return "- | - |"
+    if sp["status"] == "timing noise":
+        return (f"±{sp['noise_bound_pct']:.1f}% timing-noise bound | not a gain: identical rounds "
+                f"({sp['gain_pct']:+.1f}% is noise) |")
+    return f"{_ci(sp, 'gain_pct', 1, '%')} | {_claim(sp)} |"
+
+
+PAIRED_RULES = (f"**resolved**: the interval excludes 0, on >= {MIN_PROMPTS} prompts (fewer: **too few prompts**, no "
+                "interval; below 6 no 95% interval exists at all). Speedup intervals carry the timing spread within "
+                f"each prompt (AR and the arms timed interleaved, >= {MIN_TIMING_REPEATS} repeats; one timing per "
+                "prompt resolves nothing); two arms that accepted the same drafts in every round did the same "
+                "work, so their speed difference is reported as a **timing-noise bound**, never as a gain.")
 
 
 def render_paired(summary: dict[str, Any]) -> list[str]:
@@ -158,21 +189,37 @@ def render_paired(summary: dict[str, Any]) -> list[str]:
                 if t is None:
                     continue
                 rows.append(f"| {pr['label']} vs {pr['vs']} | {'**all**' if ds == 'all' else ds} | {T} | "
-                            f"{t['prompts']} x {t['seeds']} | {_ci(t, 'diff', 3)} | {_ci(t, 'gain_pct', 1, '%')} | "
-                            f"{'resolved' if t['resolved'] else 'not resolved'} | "
-                            + (f"{_ci(sp, 'gain_pct', 1, '%')} | {'resolved' if sp['resolved'] else 'not resolved'} |"
-                               if sp else "- | - |"))
+                            f"{t['prompts']} x {t['seeds']} | {sp['repeats'] if sp else '-'} | "
+                            f"{_ci(t, 'diff', 3)} | {_ci(t, 'gain_pct', 1, '%')} | {_claim(t)} | "
+                            + _speedup_cells(sp))
     if not rows:
         return []
     return ["### Paired comparisons (same prompts)", "",
-            "Every pair of arms on the same prompts (and seeds): the mean per-prompt difference of τ and the "
-            "relative gain of the per-prompt mean, of τ and of speedup over AR, each with a 95% paired-bootstrap "
-            "interval (prompts resampled with replacement; at T > 0 a prompt's value is its mean over the seeds). "
-            "**resolved**: the interval excludes 0. Per-prompt values: `results.json`, "
+            "Every pair of arms on the same prompts (and seeds): the difference of τ (micro-averaged, as in the τ "
+            "table) and the relative gains of τ and of the mean per-prompt speedup over AR, each with a 95% "
+            "paired-bootstrap interval (prompts resampled with replacement, then each prompt's timing repeats; at "
+            "T > 0 a prompt pools its seeds). " + PAIRED_RULES + " Per-prompt values: `results.json`, "
             "`summary.temperatures.T.paired.values`.", "",
-            "| arms | dataset | T | prompts x seeds | Δτ [95%] | τ gain [95%] | τ: resolved? | speedup gain [95%] "
-            "| speedup: resolved? |",
-            "|---|---|---|---|---|---|---|---|---|", *rows, ""]
+            "| arms | dataset | T | prompts x seeds | timings per prompt | Δτ [95%] | τ gain [95%] | τ: resolved? | "
+            "speedup gain [95%] | speedup: resolved? |",
+            "|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
+def _attention_rows(attention: dict[str, dict[str, Any]]) -> list[str]:
+    """Per arm and carried count r: the block's mean attention mass on the context (all of it, and the rows
+    shown in attention.png), on the carried rows and on the block itself (eval/attention.py)."""
+    rows = []
+    for lab, rep in attention.items():
+        w, P = rep["window"], rep["P"]
+        for r, cell in enumerate(rep["by_carried"]):
+            if not cell["rounds"]:
+                continue
+            m = np.asarray(cell["mean"]).mean(axis=0)  # over the block queries
+            rows.append(f"| {lab} | {'ON' if rep['carryover'] else 'off'} | {r} | {cell['rounds']} | "
+                        f"{cell['context_mass']:.3f} | {m[:w].sum():.3f} | {m[w:w + P].sum():.3f} | "
+                        f"{m[w + P:].sum():.3f} |")
+    return ["| arm | carried rows | r | rounds | context (all) | context (shown) | carried rows | block |",
+            "|---|---|---|---|---|---|---|---|", *rows]
 
 
 def render_diagnostics(diag: dict[str, Any]) -> list[str]:
@@ -187,6 +234,12 @@ def render_diagnostics(diag: dict[str, Any]) -> list[str]:
               f"{rep['sequences']} AR outputs, {rep['anchors_per_sequence']} anchors each, draft 2 at s + a + 1 "
               f"after a greedy draft 1; anchors with carried rows per slot: {c['slot_counts']}", "",
               *_recall_rows(c)]
+    if diag.get("attention"):
+        w = next(iter(diag["attention"].values()))["window"]
+        L += ["Attention of the block to carried rows (Figure 6 of the paper, `attention.png`): the drafter's "
+              "attention probabilities, averaged over heads, draft layers, block queries and the rounds with r "
+              f"carried rows (the previous round's P − a); \"shown\" = the {w} context rows before the anchor.", "",
+              *_attention_rows(diag["attention"]), ""]
     for lab, rc in diag.get("reconvergence", {}).items():
         L.append(f"Re-convergence, drafter **{lab}**: {rc['rejections']} rejected branches; "
                  f"{100 * rc['reappear_rate']:.1f}% of the rejected suffix tokens after the first reappear in "
@@ -206,12 +259,16 @@ def render_offline(result: dict[str, Any]) -> str:
          f"{cfg.get('temperatures')}, seeds at T > 0: {cfg.get('seeds')}; prompts per dataset: {cfg.get('datasets')}"]
     for d in result["drafters"]:
         L.append(f"- drafter **{d['label']}**: `{d['path']}` ({d.get('kind')}/{d.get('layout')}, "
-                 f"{d['num_proposals']} proposals), no carried rows")
-    L += ["", "Expected decoding rounds on each rollout from one teacher-forced drafter pass (exact at T = 0: the "
-              "greedy engine's round count; at T > 0 the acceptance min(1, q/p) of the realized rollout token). "
-              "τ = tokens the rounds generate (all but the prefill's first) / rounds, summed over the rollouts of "
-              "a dataset (**all** = the mix). No decoding, so no speedup: that needs `carryover eval` without "
-              "--offline.", "",
+                 f"{d['num_proposals']} proposals), "
+                 + (f"carried rows ON ({d.get('carry', 'hidden')}): rounds replayed" if d.get("carryover")
+                    else "no carried rows: expected rounds"))
+    L += ["", "Every arm on the same rollouts (the target's own outputs, recorded once). Arms without carried rows: "
+              "expected decoding rounds from one teacher-forced drafter pass (exact at T = 0: the greedy engine's "
+              "round count; at T > 0 the acceptance min(1, q/p) of the realized rollout token). Carryover arms: the "
+              "engine's rounds replayed on the rollout (exact at T = 0; at T > 0 one seeded draw of the engine's "
+              "rounds given the rollout, unbiased: `eval/replay.py`). τ = tokens the rounds generate (all but the "
+              "prefill's first) / rounds, summed over the rollouts of a dataset (**all** = the mix). No AR timing, "
+              "so no speedup: that needs `carryover eval` without --offline.", "",
           "| dataset | T | rollouts | " + " | ".join(labels) + " |", "|" + "---|" * (3 + len(labels))]
     for T, tb in s["temperatures"].items():
         for ds, cell in tb["datasets"].items():
@@ -224,15 +281,13 @@ def render_offline(result: dict[str, Any]) -> str:
             for ds, c in pr["datasets"].items():
                 t = c.get("tau")
                 if t:
-                    lo, hi = t["gain_pct_ci"]
                     rows.append(f"| {pr['label']} vs {pr['vs']} | {'**all**' if ds == 'all' else ds} | {T} | "
-                                f"{t['prompts']} x {t['seeds']} | {t['diff']:+.3f} [{t['diff_ci'][0]:+.3f}, "
-                                f"{t['diff_ci'][1]:+.3f}] | {t['gain_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%] | "
-                                f"{'resolved' if t['resolved'] else 'not resolved'} |")
+                                f"{t['prompts']} x {t['seeds']} | {_ci(t, 'diff', 3)} | {_ci(t, 'gain_pct', 1, '%')} | "
+                                f"{_claim(t)} |")
     if rows:
         L += ["", "### Paired comparisons (same rollouts)", "",
-              "Mean per-rollout difference of τ and relative gain of the mean, 95% paired-bootstrap interval over "
-              "prompts (a prompt's value at T > 0: its mean over seeds); **resolved**: the interval excludes 0.", "",
+              "The difference of τ (micro, as in the table above: a ratio of summed rounds) and its relative gain, "
+              "95% paired-bootstrap interval over prompts (at T > 0 a prompt pools its seeds). " + PAIRED_RULES, "",
               "| arms | dataset | T | prompts x seeds | Δτ [95%] | τ gain [95%] | resolved? |",
               "|---|---|---|---|---|---|---|",
               *rows]

@@ -27,6 +27,7 @@ from carryover_jax.errors import CarryoverError
 from carryover_jax.eval.datasets import load_prompts
 from carryover_jax.eval.diagnostics import run_diagnostics
 from carryover_jax.eval.metrics import result_summary
+from carryover_jax.eval.paired import TIMING_REPEATS, check_resolvable
 from carryover_jax.eval.plots import write_plots
 from carryover_jax.eval.report import render_markdown, render_offline
 from carryover_jax.eval.settings import BOUNDS
@@ -125,11 +126,10 @@ def drafter_info(entry: DrafterEntry, d) -> dict[str, Any]:
 
 
 class _Runner:
-    """Calls AR / speculative decoding; an untimed call first for every new compiled shape."""
+    """Calls AR / speculative decoding; an untimed call first for every new compiled shape (`warm`)."""
 
-    def __init__(self, target, drafters, *, max_new_tokens, max_len, stop_token_ids, top_k, top_p, repeats=1):
+    def __init__(self, target, drafters, *, max_new_tokens, max_len, stop_token_ids, top_k, top_p):
         self.target, self.drafters = target, dict((e.label, (e, d)) for e, d in drafters)
-        self.repeats = repeats
         self.kw = dict(max_new_tokens=max_new_tokens, max_len=max_len, stop_token_ids=stop_token_ids,
                        top_k=top_k, top_p=top_p)
         self.seen: set = set()
@@ -142,39 +142,59 @@ class _Runner:
                              self.target.cfg.max_position_embeddings)
         return mode, len(batch), shape, temperature > 0
 
-    def __call__(self, mode, batch: list[list[int]], temperature: float, seed: int):
-        def call():
-            if mode == "ar":
-                res = generate(self.target, batch, temperature=temperature, seed=seed, chat=False, **self.kw)
-                return res, {"time_s": res[0].stats["time_s"]}
-            e, d = self.drafters[mode]
-            return speculative_generate(self.target, d, batch, carryover=e.carryover, carry=e.carry,
-                                        temperature=temperature, seed=seed, chat=False, **self.kw)
-
+    def warm(self, mode, batch: list[list[int]], temperature: float, seed: int) -> None:
         key = self._key(mode, batch, temperature)
         if key not in self.seen:
-            call()  # compile for these shapes (not timed)
+            self(mode, batch, temperature, seed)  # compile for these shapes (not timed)
             self.seen.add(key)
-        res, stats = call()
-        if self.repeats > 1:  # the same call again (same seed, same tokens): keep the median time
-            times = [stats["time_s"]] + [call()[1]["time_s"] for _ in range(self.repeats - 1)]
-            stats = {**stats, "time_s": statistics.median(times), "time_s_repeats": times}
-        return res, stats
+
+    def __call__(self, mode, batch: list[list[int]], temperature: float, seed: int):
+        """-> (generations, wall time in s) of one call (the same seed gives the same tokens every time)."""
+        if mode == "ar":
+            res = generate(self.target, batch, temperature=temperature, seed=seed, chat=False, **self.kw)
+            return res, res[0].stats["time_s"]
+        e, d = self.drafters[mode]
+        res, stats = speculative_generate(self.target, d, batch, carryover=e.carryover, carry=e.carry,
+                                          temperature=temperature, seed=seed, chat=False, **self.kw)
+        return res, stats["time_s"]
+
+    def interleaved(self, modes: Sequence[str], batch: list[list[int]], temperature: float, seed: int,
+                    repeats: int) -> dict[str, tuple[list, list[float]]]:
+        """Every mode `repeats` times, alternated: repeat r times each mode once, the order rotated by r so
+        no mode always runs first. Returns {mode: (generations of its first call, its times)}."""
+        for m in modes:
+            self.warm(m, batch, temperature, seed)
+        out: dict[str, tuple[list, list[float]]] = {}
+        for r in range(repeats):
+            k = r % len(modes)
+            for m in list(modes[k:]) + list(modes[:k]):
+                res, t = self(m, batch, temperature, seed)
+                if m in out:
+                    out[m][1].append(t)
+                else:
+                    out[m] = (res, [t])
+        return out
+
+
+def _timing(times: list[float]) -> dict[str, Any]:
+    return {"time_s": statistics.median(times), "time_s_repeats": times}
 
 
 def run_eval(target, drafters, items: Sequence[Item], *, max_new_tokens: int = 128,
              temperatures: Sequence[float] = (0.0, 1.0), seeds: int = 3, batch_sizes: Sequence[int] = (1, 2, 4, 8),
              max_len: int | None = None, stop_token_ids=None, top_k: int = 0, top_p: float = 1.0,
-             progress: bool = True, diagnostics: Callable | None = None, timing_repeats: int = 1) -> dict[str, Any]:
+             progress: bool = True, diagnostics: Callable | None = None,
+             timing_repeats: int = TIMING_REPEATS) -> dict[str, Any]:
     """Run every pass and return the full result (config, drafters, log, throughput, summary).
 
-    `timing_repeats` > 1 repeats every timed call and keeps its median time (a shared, noisy machine)."""
+    Per prompt, AR and every arm are timed `timing_repeats` times, interleaved (`_Runner.interleaved`);
+    a record keeps every time (`time_s_repeats`) and their median (`time_s`)."""
     if not items:
         raise CarryoverError("no prompts")
     B.check("seeds", seeds, BOUNDS["seeds"])
     B.check("timing_repeats", timing_repeats, BOUNDS["timing_repeats"])
     run = _Runner(target, drafters, max_new_tokens=max_new_tokens, max_len=max_len, stop_token_ids=stop_token_ids,
-                  top_k=top_k, top_p=top_p, repeats=timing_repeats)
+                  top_k=top_k, top_p=top_p)
     labels = [e.label for e, _ in drafters]
     passes = [(float(T), s) for T in temperatures for s in (range(seeds) if T > 0 else [0])]
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -184,16 +204,17 @@ def run_eval(target, drafters, items: Sequence[Item], *, max_new_tokens: int = 1
         bar.set_postfix_str(f"T={T:g} seed={seed}")
         for i, it in enumerate(items):
             s = seed * 100_003 + i  # a different stream per prompt, the same for every mode
-            res, stats = run("ar", [list(it.ids)], T, s)
+            calls = run.interleaved(["ar", *labels], [list(it.ids)], T, s, timing_repeats)
+            res, times = calls["ar"]
             ref = res[0].token_ids
             log.append({"mode": "ar", "dataset": it.dataset, "prompt": it.id, "temperature": T, "seed": seed,
-                        "new_tokens": len(ref), "time_s": stats["time_s"], "rounds": None, "accepted": None,
+                        "new_tokens": len(ref), **_timing(times), "rounds": None, "accepted": None,
                         "matches_ar": None})
             for label in labels:
-                res, stats = run(label, [list(it.ids)], T, s)
+                res, times = calls[label]
                 g = res[0]
                 log.append({"mode": label, "dataset": it.dataset, "prompt": it.id, "temperature": T, "seed": seed,
-                            "new_tokens": len(g.token_ids), "time_s": stats["time_s"], "rounds": g.stats["rounds"],
+                            "new_tokens": len(g.token_ids), **_timing(times), "rounds": g.stats["rounds"],
                             "accepted": g.stats["accepted_per_round"],
                             "matches_ar": (g.token_ids == ref) if T == 0 else None})
             bar.update()
@@ -201,22 +222,20 @@ def run_eval(target, drafters, items: Sequence[Item], *, max_new_tokens: int = 1
 
     throughput = []
     if batch_sizes:
-        tb = tqdm(total=len(batch_sizes) * (1 + len(labels)), desc="eval throughput", disable=not progress)
+        tb = tqdm(total=len(batch_sizes), desc="eval throughput", disable=not progress)
         for b in batch_sizes:
             batch = [list(items[i % len(items)].ids) for i in range(b)]
+            calls = run.interleaved(["ar", *labels], batch, 0.0, 0, timing_repeats)
+            ref = [r.token_ids for r in calls["ar"][0]]
             row: dict[str, Any] = {"batch": b}
-            res, stats = run("ar", batch, 0.0, 0)
-            ref = [r.token_ids for r in res]
-            row["ar"] = sum(map(len, ref)) / max(stats["time_s"], 1e-12)
-            tb.update()
             same = True
-            for label in labels:
-                res, stats = run(label, batch, 0.0, 0)
-                row[label] = sum(len(r.token_ids) for r in res) / max(stats["time_s"], 1e-12)
+            for m in ["ar", *labels]:
+                res, times = calls[m]
+                row[m] = sum(len(r.token_ids) for r in res) / max(statistics.median(times), 1e-12)
                 same &= [r.token_ids for r in res] == ref
-                tb.update()
             row["identical_to_ar"] = same
             throughput.append(row)
+            tb.update()
         tb.close()
 
     infos = [drafter_info(e, d) for e, d in drafters]
@@ -300,17 +319,21 @@ def evaluate(target, drafters: Sequence[DrafterEntry | str], *, datasets: Sequen
              temperatures: Sequence[float] = (0.0, 1.0), seeds: int = 3, batch_sizes: Sequence[int] = (1, 2, 4, 8),
              max_len: int | None = None, mask_token_id: int | None = None, dtype: str | None = None,
              diagnostics: bool = False, diagnostic_prompts: int = 4, out: str | Path | None = None,
-             plots: bool = True, progress: bool = True, log=None, timing_repeats: int = 1) -> dict[str, Any]:
+             plots: bool = True, progress: bool = True, log=None,
+             timing_repeats: int = TIMING_REPEATS, min_prompts: int | None = None) -> dict[str, Any]:
     """The whole `carryover eval` as one call (what `carryover pipeline` builds on).
 
     `target`: a loaded `Target` (with a tokenizer). `drafters`: `DrafterEntry`s or ``LABEL=DIR[:carryover]``
     strings. Loads and checks the drafters, reads and encodes the prompts, runs every pass, and writes
-    `out` (results.json, report.md, PNGs) when given. Returns the result dict."""
+    `out` (results.json, report.md, PNGs) when given; `min_prompts`: fewer prompts that fit are refused before
+    any decoding (an A/B that could resolve nothing, paired.py). Returns the result dict."""
     entries = [parse_drafter_spec(d) if isinstance(d, str) else d for d in drafters]
     loaded = load_entries(target, entries, mask_token_id, dtype=dtype)
     items, skipped, heldout_per_mille = load_items(target, datasets, prompts_per_dataset=prompts_per_dataset,
                                                    max_prompt_tokens=max_prompt_tokens, system=system,
                                                    heldout_per_mille=heldout_per_mille, chat=chat, log=log)
+    if min_prompts:
+        check_resolvable(len(items), "eval: the prompts that fit")
     diag = None  # the diagnostics pass, run after the decoding passes when asked for
     if diagnostics:
         per_ds: dict[str, int] = {}
