@@ -180,11 +180,14 @@ class Prefix:
 #   per row; `tpu/ragged_paged_attention` a paged cache: neither fits the head-major slot = position
 #   cache with T queries per row.) Refused on TPU (the kernel is Triton-style, untested on Mosaic).
 # - "mosaic": `LiveMask` segments through the TPU kernel (`tpu_attention.live_attention`: Mosaic where
-#   lowered for tpu, TPU interpret mode on CPU), the rest einsum. Refused on GPUs.
-# - "auto": "pallas" where lowered for cuda, "mosaic" for tpu, "einsum" on every other platform (CPU,
-#   ROCm) — the default of `numerics` on accelerators.
+#   this process runs on a TPU, TPU interpret mode where it runs on a CPU), the rest einsum. Refused on
+#   GPUs. (Which of the two follows the process, not the lowering platform: the interpreter's ordered
+#   callbacks inside a `platform_dependent` branch break the lowering of the other branch on jax 0.10.2.)
+# - "auto": "pallas" where lowered for cuda, "mosaic" (always compiled) for tpu, "einsum" on every other
+#   platform (CPU, ROCm) — the default of `numerics` on accelerators.
 # `Blockwise` segments (block-diagonal, [T, S/N] scores: small) are einsum in every backend.
 KERNEL_BACKENDS = ("pallas", "cudnn")  # the ones that run `kernels.prefix_attention`
+_MOSAIC_COMPILED = "mosaic (compiled)"  # auto's TPU branch: never the interpreter
 
 
 def resolve_backend(name: str) -> str:
@@ -221,7 +224,7 @@ def attention_core(q: Array, segments, scale: float, backend: str = "einsum") ->
     backend = resolve_backend(backend)
     if backend == "auto":  # both traced; only the lowering platform's branch is lowered
         return jax.lax.platform_dependent(cuda=lambda: _attention(q, segments, scale, "pallas"),
-                                          tpu=lambda: _attention(q, segments, scale, "mosaic"),
+                                          tpu=lambda: _attention(q, segments, scale, _MOSAIC_COMPILED),
                                           default=lambda: _attention(q, segments, scale, "einsum"))
     return _attention(q, segments, scale, backend)
 
@@ -241,8 +244,9 @@ def _attention(q: Array, segments, scale: float, backend: str) -> Array:
             parts.append(_blockwise_part(qg, k, v, mask, scale))
         elif isinstance(mask, LiveMask) and backend in KERNEL_BACKENDS:
             parts.append(_pallas_live_part(qg, k, v, mask, scale))
-        elif isinstance(mask, LiveMask) and backend == "mosaic":
-            parts.append(tpu_attention.live_part(qg, k, v, mask.limit, mask.lower, scale))
+        elif isinstance(mask, LiveMask) and backend in ("mosaic", _MOSAIC_COMPILED):
+            parts.append(tpu_attention.live_part(qg, k, v, mask.limit, mask.lower, scale,
+                                                 interpret=False if backend == _MOSAIC_COMPILED else None))
         elif isinstance(mask, LiveMask):
             parts.append(_live_part(qg, k, v, mask, scale))
         elif isinstance(mask, Prefix) and backend in KERNEL_BACKENDS:

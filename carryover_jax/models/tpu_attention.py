@@ -22,9 +22,8 @@ Returns (out, lse) for attention_core's flash-style merge: the output normalised
 segment's keys and the log-sum-exp per query; a query that sees no key gets out 0 and lse
 `NEG_INF` (an exact 0 contribution to the merge).
 
-Compiled where the program is lowered for TPU, TPU interpret mode (`pltpu.InterpretParams`: HBM,
-VMEM, SMEM and DMAs simulated, optionally with the race detector) where it is lowered for CPU, no
-branch elsewhere (`lax.platform_dependent`), like the Triton kernel's cuda/cpu pair in `kernels.py`.
+Compiled (Mosaic) for TPU; on a CPU host it runs in TPU interpret mode (`pltpu.InterpretParams`: HBM,
+VMEM, SMEM and DMAs simulated, optionally with the race detector; `_interpret_setting`).
 Forward only: decoding does not differentiate (training's masks are `Prefix`, einsum on TPU).
 """
 
@@ -173,20 +172,22 @@ def _call(first, count, limit, lower, q, k, v, *, scale: float, tiles: TpuTiles,
     )(first, count, limit, lower, q, k, v)
 
 
-def _by_platform(interpret, fn):
-    """fn(interpret=...) -> arrays. None: compiled where lowered for TPU, TPU interpret mode where lowered
-    for CPU (no branch elsewhere); else that interpret setting everywhere (tests: the race detector)."""
+def _interpret_setting(interpret):
+    """None: TPU interpret mode where this process runs on a CPU (the interpreter runs nowhere else),
+    compiled Mosaic otherwise. Not a `platform_dependent` pair like the Triton kernel's: the
+    interpreter's ordered io_callbacks in one branch break the lowering of the other on jax 0.10.2
+    ("Lowering rule for `cond` returns incorrect set of output tokens"), so a program meant for a TPU
+    passes False (attention_core's "auto" does). `pltpu.force_tpu_interpret_mode` overrides either."""
     if interpret is not None:
-        return functools.partial(fn, interpret=interpret)
-    compiled = functools.partial(fn, interpret=False)
-    interpreted = functools.partial(fn, interpret=pltpu.InterpretParams())
-    return lambda *args: lax.platform_dependent(*args, tpu=compiled, cpu=interpreted)
+        return interpret
+    return pltpu.InterpretParams() if jax.default_backend() == "cpu" else False
 
 
 def live_attention(q, k, v, limit, lower=None, *, scale: float, block_k: int | None = None, interpret=None):
     """q [B, Hkv, R, D] (row r of K/V head h: a query head of h's group at one query position), k/v
     [B, Hkv, S, D], limit/lower [B, R] int (row r sees slots lower <= s < limit; lower None = 0) ->
-    (out [B, Hkv, R, D] float32, lse [B, Hkv, R] float32). `interpret`: see `_by_platform`.
+    (out [B, Hkv, R, D] float32, lse [B, Hkv, R] float32). `interpret`: False (compiled), TPU interpret
+    mode's `pltpu.InterpretParams`, or None (`_interpret_setting`).
 
     Under a mesh the kernel runs per shard (`kernels.per_shard`: a Mosaic call has no SPMD rule)."""
     tiles = tile_sizes(q.shape[-1], k.shape[2], q.shape[2], jnp.dtype(k.dtype).itemsize, block_k)
@@ -201,11 +202,11 @@ def _live_attention(q, k, v, limit, lower, *, scale, tiles: TpuTiles, interpret)
     lower = lower.astype(jnp.int32)
     first, count = _live_tiles(limit, lower, tiles.block_k, tiles.num_tiles)
     call = functools.partial(_call, scale=scale, tiles=tiles)
-    out, lse = _by_platform(interpret, call)(first, count, limit[..., None], lower[..., None], q, k, v)
+    out, lse = call(first, count, limit[..., None], lower[..., None], q, k, v, interpret=_interpret_setting(interpret))
     return out, lse[..., 0]
 
 
-def live_part(qg, k, v, limit, lower, scale: float, interpret=None):
+def live_part(qg, k, v, limit, lower, scale: float, *, interpret=None):
     """A `LiveMask` segment of attention_core: qg [B, Hkv, G, T, D], limit/lower [B, T] -> the merge's
     (lse, 0/1 mass, normalised out) [B, Hkv, G, T, ...] (w = exp(lse - max) rescales the normalised
     output by its softmax mass; a query with no visible key contributes an exact 0)."""
