@@ -193,8 +193,9 @@ def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
     (its own buffer assignment, not a proxy)."""
     data, fsdp, tensor = mesh_sizes(cfg.mesh, devices)
     run_cfg = cfg.replace(features="online")
-    # the program a GPU pod builds: the run's numerics resolved for cuda, whatever this host is. "auto" is
-    # lowered as its cuda branch (the kernel): lowered for the CPU, platform_dependent would take einsum
+    # the program a GPU pod (or, with compile-only TPU devices, a TPU slice) builds: the run's numerics
+    # resolved for that platform, whatever this host is. For cuda "auto" is lowered as its cuda branch (the
+    # kernel): lowered for the CPU, platform_dependent would take einsum
     numerics = run_cfg.run_numerics(platform)
     if platform == "cuda":
         numerics = numerics.replace(attention_backend="pallas" if backend == "auto" else backend)
@@ -297,7 +298,8 @@ def memory_rows(entries, *, devices: int, backends=("auto",), progress: bool = T
                                                                       device_list=device_list, platform=platform)}
             if platform == "tpu" and device_list:
                 hbm = TPU_HBM_GB.get(device_list[0].device_kind)
-                row.update({"hbm_gb": hbm, "fits_hbm": None if hbm is None else row["total_gb"] <= hbm})
+                fits = False if "hbm_available_gb" in row else None if hbm is None else row["total_gb"] <= hbm
+                row.update({"hbm_gb": hbm, "fits_hbm": fits})
             else:
                 row.update({f"fits_{node}": row["total_gb"] <= limit for node, limit in NODE_LIMITS_GB.items()})
             yield row
