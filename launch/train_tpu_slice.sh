@@ -18,6 +18,9 @@ cd "$(dirname "$0")/.."
 CONFIG="${1:?usage: train_tpu_slice.sh CONFIG [OPTIONS...]}"
 shift
 VENV="${CARRYOVER_VENV:-.venv}"
-[ -x "$VENV/bin/carryover" ] || { echo "train_tpu_slice: no $VENV/bin/carryover (pip install -e '.[tpu]' into $VENV)" >&2; exit 2; }
+if [ ! -x "$VENV/bin/carryover" ]; then
+  echo "train_tpu_slice: no $VENV/bin/carryover (pip install -e '.[tpu]' into $VENV)" >&2
+  exit 2
+fi
 export CARRYOVER_TPU_SLICE=1
 exec "$VENV/bin/carryover" train --config "$CONFIG" "$@"

@@ -2,7 +2,8 @@
 mode (HBM/VMEM/SMEM and the pipeline's DMAs simulated, the race detector on) against a slow per-query
 loop and against attention_core's einsum path: the three decode shapes (AR T = 1, verification
 T = P + 1, the drafter's committed context + carried rows + block), sliding windows, rows of length 0,
-lengths at tile edges, GQA groups 1 / 2 / 8, head dims 64-512. Its lowering and compilation for TPU:
+lengths at tile edges, GQA groups 1 / 2 / 8, head dims 64-512. Speculative == AR decoding through it:
+tests/test_attention_backends.py; its lowering and compilation for TPU: tests/test_lowering.py,
 tests/test_tpu_lowering.py."""
 
 import contextlib
@@ -186,22 +187,3 @@ def test_backends_refused_on_the_other_platform(monkeypatch):
         resolve_backend("pallas")
     assert resolve_backend("mosaic") == "mosaic"
 
-
-def test_speculative_decoding_with_the_mosaic_kernel_equals_ar(tiny_llama):
-    """Greedy speculative decoding (T = 0) with target and drafter on the mosaic backend — every cache
-    read through the kernel in TPU interpret mode — reproduces einsum AR decoding token for token."""
-    from carryover_jax import generate, load_target
-    from carryover_jax.config import DrafterConfig
-    from carryover_jax.decode.generate import speculative_generate
-    from carryover_jax.models.drafter import init_drafter_params
-
-    target = load_target(tiny_llama.path, tokenizer=False)
-    cfg = DrafterConfig.for_target(target.cfg, kind="dflash", layout="zlab", num_proposals=3, num_layers=1,
-                                   mask_token_id=4, target_layer_ids=(0, 1))
-    params = init_drafter_params(cfg, jax.random.key(0))
-    prompts = [list(range(3, 9)), list(range(20, 33))]
-    ref = generate(target, prompts, max_new_tokens=[9, 6], stop_token_ids=[])
-    target.cfg = target.cfg.replace(attention_backend="mosaic")
-    drafter = (cfg.replace(backbone=cfg.backbone.replace(attention_backend="mosaic")), params)
-    out, _ = speculative_generate(target, drafter, prompts, max_new_tokens=[9, 6], stop_token_ids=[])
-    assert [r.token_ids for r in out] == [r.token_ids for r in ref]

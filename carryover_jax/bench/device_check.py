@@ -237,8 +237,8 @@ def _markdown(res: dict) -> str:
         for r in res["memory"]:
             lines.append(f"| {r['config']} | {r.get('mode', '-')} | {r.get('devices', '-')} | {r.get('total_gb', '-')} | "
                          f"{r.get('temp_gb', '-')} | {r.get('error', r.get('skipped', r.get('method', '')))} |")
-    for key, title in (("gpu_tests", "gpu-marked tests on the device"), ("tpu_tests", "TPU compile tests on the device"),
-                       ("tests", "Fast test suite (CPU platform)")):
+    for key, title in (("gpu_tests", "gpu-marked tests on the device"),
+                       ("tpu_tests", "TPU compile tests on the device"), ("tests", "Fast test suite (CPU platform)")):
         if key in res:
             lines += ["", f"## {title}", "", f"`{res[key]}`"]
     for k, v in res.get("errors", {}).items():
