@@ -145,19 +145,28 @@ def test_attention_core_mosaic_equals_einsum_on_the_three_decode_shapes(g):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
 
 
-def test_reads_follow_the_live_length():
-    """The K/V index map walks each row's live tiles and then repeats the last one (the pipeline copies a
-    block only when its index changes): the distinct tiles a row's grid steps read are its live tiles —
-    from its window's first tile to the tile of its longest query's limit — one for a row with none."""
-    limit = jnp.asarray([[0, 0], [129, 130], [1000, 1001], [900, 1000]], jnp.int32)
-    lower = jnp.asarray([[0, 0], [0, 0], [0, 0], [700, 801]], jnp.int32)
-    first, count = ta._live_tiles(limit, lower, BK, 8)
-    read = [[int(ta._kv_index(b, 0, j, first, count)[2]) for j in range(8)] for b in range(4)]
-    assert read[0] == [0] * 8  # nothing live: one tile fetched, no compute (count 0)
-    assert read[1] == [0, 1] + [1] * 6  # 130 slots: 2 tiles
-    assert read[2] == list(range(8))  # 1001 slots: all 8 tiles
-    assert read[3] == [5, 6, 7] + [7] * 5  # window 700..1000: tiles 5..7
-    assert np.asarray(count).tolist() == [0, 2, 8, 3]
+def test_hbm_reads_follow_the_live_length(monkeypatch):
+    """The K/V tiles the (interpreted) pipeline copies from HBM, per batch row of a 1024-slot cache in
+    128-slot tiles: each row's live tiles — from its window's first tile to the tile of its longest
+    query's limit — and one tile for a row with none (its compute is skipped), never the whole buffer:
+    14 tile copies of K instead of 32. (The index map repeats a row's last live tile, and a block index
+    equal to the previous one issues no copy, in the interpreter as in the Mosaic pipeline.)"""
+    copies = []
+    real_get = tpu_interpret.get
+
+    def get(*args, input_name=None, **kw):  # the interpreter's read of an input block from HBM
+        if input_name == "k_ref":
+            copies.append(tuple(int(x) for x in args[6])[::2])  # (batch row, key tile)
+        return real_get(*args, input_name=input_name, **kw)
+
+    monkeypatch.setattr(tpu_interpret, "get", get)
+    limit = jnp.asarray(np.repeat([[0], [130], [1001], [1000]], 8, axis=1), jnp.int32)
+    lower = jnp.asarray(np.repeat([[0], [0], [0], [700]], 8, axis=1), jnp.int32)
+    q, k = jnp.ones((4, 1, 8, 64)), jnp.ones((4, 1, 1024, 64))
+    with race_checked():
+        out, _ = ta.live_attention(q, k, k, limit, lower, scale=0.1, block_k=BK)
+    assert sorted(copies) == [(0, 0), (1, 0), (1, 1)] + [(2, j) for j in range(8)] + [(3, 5), (3, 6), (3, 7)]
+    assert np.all(np.asarray(out[0]) == 0) and np.allclose(np.asarray(out[1:]), 1.0)
 
 
 def test_tiles_the_kernel_cannot_take_are_refused_in_one_line():
