@@ -311,9 +311,11 @@ def _cmd_bench(args) -> int:
                                          f"got {args.mesh!r}")
                 sets = [f"mesh.{k}={mesh.get(k, 1)}" for k in ("data", "fsdp", "tensor")] + sets
             entries = bench_train.stage_entries(args.memory_configs.split(","), args.stages, sets)
-            devices = args.devices or 8
+            pool = bench_train.tpu_topology_devices(args.tpu_topology) if args.tpu_topology else None
+            devices = args.devices or (len(pool) if pool else 8)
             rows = []
-            for row in bench_train.memory_rows(entries, devices=devices, backends=tuple(args.backend or ["auto"])):
+            for row in bench_train.memory_rows(entries, devices=devices, backends=tuple(args.backend or ["auto"]),
+                                               device_list=pool, platform="tpu" if pool else "cuda"):
                 rows.append(row)
                 if args.json:
                     print(bench_train.memory_json(row), flush=True)
@@ -486,6 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--stages", nargs="+", default=list(_MEMORY_STAGES), choices=_MEMORY_STAGES,
                    help="bench train --memory: the stages compiled (control_compute runs control's step)")
     b.add_argument("--mesh", default=None, help="bench train --memory: e.g. data=4,tensor=2 (default: each config's)")
+    b.add_argument("--tpu-topology", default=None, help="bench train --memory: compile the TPU program with the TPU "
+                   "compiler for a compile-only slice, e.g. v5p:2x2x1, v6e:2x4, v5e:4x4 (needs libtpu: .[tpu])")
     b.add_argument("--json", action="store_true", help="bench train --memory: one JSON object per line per "
                    "(config, stage, mesh, backend) instead of the table; bench roofline: the result as JSON on "
                    "stdout, the table on stderr")

@@ -34,7 +34,7 @@ from carryover_jax.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
 # the attention kernels (models/layers.py `attention_core` says what each one runs)
-ATTENTION_BACKENDS = ("einsum", "xla", "cudnn", "pallas", "auto")
+ATTENTION_BACKENDS = ("einsum", "xla", "cudnn", "pallas", "mosaic", "auto")
 # "plain": the LM head as one dot with the weight as rhs; "vocab_major": for the few rows of a decode
 # step the tied [V, d] embedding is the dot's lhs (XLA CPU runs that ~1.3-1.5x faster at 7-16 rows)
 LM_HEADS = ("plain", "vocab_major")

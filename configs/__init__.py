@@ -7,6 +7,7 @@
 - `smollm2_gpu`: the same target on one GPU with ~30x the data and the paper's 15 proposals (`--preset gpu`).
 - `qwen3_4b`: the paper's Qwen3-4B settings (Table 4), for a GPU pod.
 - `gemma4_12b`: the paper's Gemma 4 12B settings (DeepSpec's Gemma 4 DSpark: feature layers 5, 17, 29, 41, 46).
+- `qwen3_4b_tpu`: `qwen3_4b` on Cloud TPU v5p hosts (fsdp over a host's 4 chips, sized by the TPU compiler).
 
 Stages: `smollm2:dvd` / `smollm2:control` / `smollm2:control_compute` (and the same for `qwen3_4b`, `tiny`)
 continue the baseline drafter of CONFIG with DVD training and with its two controls (no carried rows, same
@@ -27,7 +28,7 @@ from typing import Any, Callable
 
 from carryover_jax.errors import ConfigError
 
-NAMES = ("tiny", "smollm2", "smollm2_gpu", "qwen3_4b", "gemma4_12b")
+NAMES = ("tiny", "smollm2", "smollm2_gpu", "qwen3_4b", "gemma4_12b", "qwen3_4b_tpu")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,9 +7,12 @@
 #   configs with the device's compiler; then, if time remains, the fast test suite (CPU platform, -x).
 # Writes $OUT/device-check.{json,md}, trace-round.tar.gz, tests.txt (carryover_jax/bench/device_check.py).
 #
-# Usage: bash launch/device_check.sh [--dry-run] [--budget-s S] [--no-tests]
+# On a TPU VM (pip install '.[tpu]') the same command checks the Mosaic kernel ("mosaic", "auto") against
+# einsum, times round / AR with "auto", compiles the memory rows for the TPU and runs tests/test_tpu_lowering.py.
+#
+# Usage: bash launch/device_check.sh [--dry-run [--tpu]] [--budget-s S] [--no-tests]
 #   --dry-run: every part at toy scale on this (CPU) machine, grain/gguf unimportable as on the image;
-#              prints the carry set of the device call and its size.
+#              prints the carry set of the device call and its size. --tpu: the TPU VM's parts.
 # On the device (the wheels of what the test suite needs and the image lacks travel in .whl; build them with
 # `bash launch/device_check.sh --wheels`):
 #   run(command="bash launch/device_check.sh", carry=[".whl"], timeout_s=240)  (parts stop starting at 180 s)

@@ -1,5 +1,5 @@
-"""Helpers of the cross-platform lowering tests: lower a jitted program for CUDA from this CPU host and
-read its StableHLO text (loops with a data-dependent trip count, Triton custom calls)."""
+"""Helpers of the cross-platform lowering tests: lower a jitted program for CUDA or TPU from this CPU host
+and read its StableHLO text (loops with a data-dependent trip count, Triton and Mosaic custom calls)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,18 @@ import jax
 import pytest
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
+TPU_CALL = "@tpu_custom_call"  # a Mosaic kernel
+# device kinds of the abstract meshes TPU programs are lowered under (what Pallas's TPU lowering reads
+# for chip-specific layouts when no TPU is attached)
+TPU_DEVICE_KINDS = {"v5e": "TPU v5 lite", "v6e": "TPU v6 lite", "v7x": "TPU7x"}
+
+
+def tpu_mesh(chip: str):
+    """A one-device abstract mesh of a TPU chip ("v5e", "v6e", "v7x"), for `jax.sharding.use_abstract_mesh`."""
+    from jax.sharding import AbstractDevice, AbstractMesh
+
+    return AbstractMesh((1,), ("data",), abstract_device=AbstractDevice(device_kind=TPU_DEVICE_KINDS[chip],
+                                                                        num_cores=1, platform="tpu"))
 _WHILE = re.compile(r"stablehlo\.while\((?P<init>[^)]*)\)")
 _CONST = re.compile(r"^%c(st)?(_\d+)?$")  # MLIR's printer names constants %c, %c_N (int) and %cst, %cst_N
 

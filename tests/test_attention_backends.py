@@ -255,9 +255,11 @@ def test_live_length_cache_reads_through_the_kernel(lower):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
 
 
-def test_speculative_decoding_with_the_pallas_backend_equals_ar(tiny_llama):
-    """Greedy speculative decoding with target and drafter on the pallas backend (cache reads through
-    the kernel) reproduces einsum AR decoding token for token."""
+@pytest.mark.parametrize("backend", ["pallas", "mosaic"])
+def test_speculative_decoding_with_a_kernel_backend_equals_ar(tiny_llama, backend):
+    """Greedy speculative decoding with target and drafter on a kernel backend (cache reads through the
+    Triton-style kernel, or the TPU one in TPU interpret mode) reproduces einsum AR decoding token for
+    token."""
     from carryover_jax import generate, load_target
     from carryover_jax.decode.generate import speculative_generate
 
@@ -267,8 +269,8 @@ def test_speculative_decoding_with_the_pallas_backend_equals_ar(tiny_llama):
     params = init_drafter_params(cfg, jax.random.key(0))
     prompts = [list(range(3, 9)), list(range(20, 33))]
     ref = generate(target, prompts, max_new_tokens=[9, 6], stop_token_ids=[])
-    target.cfg = target.cfg.replace(attention_backend="pallas")
-    drafter = (cfg.replace(backbone=cfg.backbone.replace(attention_backend="pallas")), params)
+    target.cfg = target.cfg.replace(attention_backend=backend)
+    drafter = (cfg.replace(backbone=cfg.backbone.replace(attention_backend=backend)), params)
     out, _ = speculative_generate(target, drafter, prompts, max_new_tokens=[9, 6], stop_token_ids=[])
     assert [r.token_ids for r in out] == [r.token_ids for r in ref]
 

@@ -48,8 +48,8 @@ def test_the_command_prints_one_object_per_line(toy_row, monkeypatch, capsys):
 
     seen = {}
 
-    def rows(entries, *, devices, backends, progress=True):  # the compiles, replaced by the toy row
-        seen.update(entries=entries, devices=devices, backends=backends)
+    def rows(entries, *, devices, backends, progress=True, device_list=None, platform="cuda"):  # the toy row
+        seen.update(entries=entries, devices=devices, backends=backends, platform=platform)
         for (name, stage, cfg, _), bk in [(e, b) for e in entries for b in backends]:
             yield {**toy_row, "config": name, "stage": stage, "backend": bk, "mode": cfg.loss.mode}
 
@@ -61,7 +61,7 @@ def test_the_command_prints_one_object_per_line(toy_row, monkeypatch, capsys):
     assert [(r["config"], r["stage"], r["backend"]) for r in recs] == [
         (c, s, b) for c in ("qwen3_4b", "gemma4_12b") for s in stages for b in ("auto", "einsum")]
     assert all(set(FIELDS) <= set(r) for r in recs)
-    assert seen["devices"] == 8  # one node unless --devices
+    assert seen["devices"] == 8 and seen["platform"] == "cuda"  # one GPU node unless --devices / --tpu-topology
     assert [cfg.loss.mode for _, _, cfg, _ in seen["entries"]] == ["baseline", "dvd", "control"] * 2
 
 
@@ -83,3 +83,12 @@ def test_bench_steps_refuses_a_target_that_cannot_fit_before_drawing_weights():
         check_fits(cfg, int(2e9))
     check_fits(cfg.replace(num_layers=1), int(2e9))  # cut down (--layers 1) it fits
     check_fits(cfg, None)  # nothing known about the memory: no refusal
+
+
+def test_a_tpu_topology_the_compiler_cannot_give_is_one_line(capsys):
+    """--tpu-topology without the TPU compiler (or with a name it does not know) ends in one line naming it."""
+    from carryover_jax.cli import main
+
+    assert main(["bench", "train", "--memory", "--tpu-topology", "v9x:1x1"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "TPU topology 'v9x:1x1'" in err[0]

@@ -13,17 +13,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.heavy  # minutes here: outside the CI budget (CARRYOVER_TEST_HEAVY=1)
-@pytest.mark.slow
-def test_device_check_dry_run_end_to_end(tmp_path):
-    out = tmp_path / "out"
+def _dry_run(out: Path, *flags: str):
     env = dict(os.environ, OUT=str(out))
     env.pop("XLA_FLAGS", None)  # the device has one GPU: one device here too
-    p = subprocess.run(["bash", "launch/device_check.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
+    p = subprocess.run(["bash", "launch/device_check.sh", "--dry-run", *flags], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((out / "device-check.json").read_text())
     assert res["dry_run"] and res["errors"] == {}, res["errors"]
+    return p, res
+
+
+@pytest.mark.heavy  # minutes here: outside the CI budget (CARRYOVER_TEST_HEAVY=1)
+@pytest.mark.slow
+def test_device_check_dry_run_end_to_end(tmp_path):
+    out = tmp_path / "out"
+    p, res = _dry_run(out)
     # kernels: every backend at every head dim equals einsum (interpreted here) on values and gradients
     dims = {(c["backend"], c["head_dim"]) for c in res["kernel_check"]}
     assert {("pallas", 128), ("pallas", 256), ("pallas", 512), ("auto", 512), ("cudnn", 128)} <= dims
@@ -48,3 +53,20 @@ def test_device_check_dry_run_end_to_end(tmp_path):
     assert len(files) <= 8 and {"device-check.json", "device-check.md", "trace-round.tar.gz", "tests.txt"} <= set(files)
     assert "## bench steps" in (out / "device-check.md").read_text()
     assert "carry set: " in p.stdout and "within the 64 MiB of one call: True" in p.stdout
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_device_check_dry_run_of_a_tpu_vm(tmp_path):
+    """`--dry-run --tpu`: the parts a TPU VM runs — the Mosaic kernel (interpreted here) and auto against
+    einsum, bench steps, the TPU program's memory rows, and tests/test_tpu_lowering.py (skipped here
+    without libtpu) in place of the GPU tests."""
+    _, res = _dry_run(tmp_path / "out", "--tpu")
+    assert res["command"] == "bash launch/device_check.sh --dry-run --tpu"
+    assert {(c["backend"], c["head_dim"]) for c in res["kernel_check"]} == {
+        (b, d) for b in ("mosaic", "auto") for d in (128, 256, 512)}
+    assert all("error" not in c and c["decode_out_rel"] < 1e-4 for c in res["kernel_check"])
+    assert "error" not in res["steps"]["backends"][0]
+    assert all(r["total_gb"] > 0 for r in res["memory"])
+    assert "gpu_tests" not in res and res["tpu_tests"]["rc"] == 0 and "tests/test_tpu_lowering.py" in \
+        res["tpu_tests"]["command"]

@@ -4,7 +4,12 @@ device-to-host handshake there): the AR step, `draft_parts` and `verify_step` of
 Gemma 3 and Gemma 4 targets with DFlash and Markov drafters, with and without carried rows. The same
 programs lowered for CPU still hold such loops (the live-length cache read that makes CPU decode cost
 follow the live length), so the check cannot pass vacuously. The attention kernels lower to Triton at
-head dims 64-512, forward and backward, alone and inside whole programs."""
+head dims 64-512, forward and backward, alone and inside whole programs.
+
+The same rounds lowered for TPU (under abstract v5e / v6e / v7x meshes) read the caches through the Mosaic
+kernel (`models/tpu_attention.py`), with no data-dependent loop either; DVD and baseline training steps
+lower for TPU too (training attention is einsum there). Compiling them for TPU needs libtpu:
+tests/test_tpu_lowering.py."""
 
 import functools
 
@@ -19,7 +24,7 @@ from carryover_jax.models import kernels
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.target import abstract_params
 from carryover_jax.numerics import Numerics
-from tests.lowering import TRITON_CALL, data_dependent_whiles, lower_text
+from tests.lowering import TPU_CALL, TPU_DEVICE_KINDS, TRITON_CALL, data_dependent_whiles, lower_text, tpu_mesh
 
 SMALL = dict(num_layers=3, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
              vocab_size=256)
@@ -157,13 +162,50 @@ def _target_chunk(tc, params, cache, tokens):
     return TargetLM(tc).apply({"params": params}, tokens, cache=cache)[:2]
 
 
-def test_tpu_lowering_of_the_kernel_is_refused():
-    """The kernel has no TPU branch (Mosaic is untested): lowering it for TPU fails instead of running
-    the interpreter there silently; "auto" lowers for TPU as einsum."""
+def test_the_triton_kernel_does_not_lower_for_tpu():
+    """The Triton-style kernel has no TPU branch: lowering it for TPU fails instead of running the
+    interpreter there silently (on TPU, "auto" runs the Mosaic kernel instead)."""
     q = jax.ShapeDtypeStruct((1, 2, 16, 64), jnp.float32)
     lim = jax.ShapeDtypeStruct((1, 16), jnp.int32)
     traced = jax.jit(lambda q, lim: kernels.prefix_attention(q, q, q, lim, scale=0.1)[0]).trace(q, lim)
     with pytest.raises(Exception, match="tpu"):
         traced.lower(lowering_platforms=("tpu",))
-    text = _programs("qwen3", "dflash", True, "auto")["ar_step"].lower(lowering_platforms=("tpu",)).as_text()
-    assert TRITON_CALL not in text and data_dependent_whiles(text) == 0
+
+
+TPU_ROUNDS = [p for p in ROUNDS if p.values[2]]  # carried rows on: every target with both drafter kinds
+
+
+@pytest.mark.parametrize("name,kind,carried", TPU_ROUNDS)
+def test_a_round_lowered_for_tpu_reads_the_cache_through_the_mosaic_kernel(name, kind, carried):
+    """What a TPU runs ("auto" in the accelerator numerics) lowered for TPU under v5e, v6e and v7x meshes:
+    the AR step and verification read every layer's cache through the Mosaic kernel, the drafter its
+    context; no Triton call and no data-dependent loop (the kernel's clamped index map replaces the CPU's
+    live-length loop)."""
+    for chip in TPU_DEVICE_KINDS:
+        with jax.sharding.use_abstract_mesh(tpu_mesh(chip)):
+            for prog, traced in _programs(name, kind, carried, "auto").items():
+                text = lower_text(traced, "tpu")
+                assert data_dependent_whiles(text) == 0, f"{chip} {name}/{kind} {prog}: a data-dependent loop"
+                want = TARGETS[name].num_layers if prog != "draft_parts" else 1
+                assert text.count(TPU_CALL) >= want and TRITON_CALL not in text, f"{chip} {name}/{kind} {prog}"
+
+
+@pytest.mark.parametrize("mode", ["baseline", "dvd"])
+def test_a_training_step_lowers_for_tpu(mode):
+    """A baseline and a DVD training step of the Gemma 4 shaped target (sliding and global layers) with a
+    Markov drafter, in TPU numerics, lower for TPU with no data-dependent loop; their attention (`Prefix`
+    and block masks, differentiated) is einsum there, so no Mosaic call."""
+    from carryover_jax.config import LossConfig, TrainConfig
+    from carryover_jax.train.step import init_state, make_optimizer, step_config, train_step
+
+    tc, dc = _configs("gemma4", "markov", "auto")
+    cfg = TrainConfig(loss=LossConfig(mode=mode), num_anchors=3, steps=2)
+    sc = step_config(cfg, tc, dc, numerics=cfg.run_numerics("tpu"))
+    assert sc.target.attention_backend == "auto"
+    opt = make_optimizer(cfg, 2)
+    state = jax.eval_shape(lambda: init_state(init_drafter_params(sc.drafter, jax.random.key(0)), opt, 0))
+    batch = {k: jax.ShapeDtypeStruct((2, 32), jnp.int32) for k in ("input_ids", "loss_mask")}
+    traced = jax.jit(train_step, static_argnums=(0, 1)).trace(sc, opt, state, abstract_params(sc.target), batch)
+    with jax.sharding.use_abstract_mesh(tpu_mesh("v6e")):
+        text = lower_text(traced, "tpu")
+    assert data_dependent_whiles(text) == 0 and TPU_CALL not in text and TRITON_CALL not in text

@@ -162,3 +162,24 @@ def test_two_processes_match_one_process(tiny_llama, store, tmp_path):
     assert sorted(a) == sorted(b)
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)  # seen: <1e-7
+
+
+def test_a_tpu_slice_worker_initializes_from_the_tpu_metadata(monkeypatch):
+    """launch/train_tpu_slice.sh's CARRYOVER_TPU_SLICE=1: `jax.distributed.initialize()` with no arguments
+    (on a TPU VM jax reads the coordinator and the worker's rank from the VM's metadata); the script itself
+    refuses, in one line, a venv without the carryover command."""
+    import jax
+
+    from carryover_jax.train import distributed
+
+    calls = []
+    monkeypatch.setattr(distributed, "_initialized", False)
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **kw: calls.append((a, kw)))
+    for name in ("CARRYOVER_COORDINATOR", "SLURM_NTASKS", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert not distributed.maybe_initialize() and calls == []
+    monkeypatch.setenv("CARRYOVER_TPU_SLICE", "1")
+    assert distributed.maybe_initialize() and calls == [((), {})]
+    p = subprocess.run(["bash", "launch/train_tpu_slice.sh", "qwen3_4b_tpu"], cwd=Path(__file__).resolve().parents[1],
+                       env=dict(os.environ, CARRYOVER_VENV="/nonexistent"), capture_output=True, text=True)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "pip install -e '.[tpu]'" in p.stderr

@@ -1,4 +1,6 @@
-"""The prepared device check (`launch/device_check.sh`): one call of at most ~4 minutes on a lent GPU.
+"""The prepared device check (`launch/device_check.sh`): one call of at most ~4 minutes on a lent GPU, or
+unchanged on a TPU VM (there the kernel backends are "mosaic" and "auto", the memory is the TPU program's
+and the device tests are tests/test_tpu_lowering.py: the TPU compiler on the VM's own libtpu).
 
 Parts, in order of priority, each skipped (and said so) once the budget is spent:
 1. kernel checks on the device: each backend (pallas, auto, cudnn) against einsum — training's
@@ -95,6 +97,16 @@ def _toy_target():
                                       num_kv_heads=2, head_dim=32, vocab_size=1024).with_numerics(_numerics("float32"))
 
 
+_AS_TPU = []  # --tpu: a dry run takes the TPU VM's parts (the Mosaic kernel interpreted, the TPU numerics)
+
+
+def _on_tpu() -> bool:
+    """On a TPU VM the kernels are Mosaic's ("mosaic", and "auto" takes it), the memory is the TPU program's."""
+    import jax
+
+    return jax.default_backend() == "tpu" or bool(_AS_TPU)
+
+
 def _kernels(res: dict, dry: bool, deadline: float):
     from carryover_jax.bench import steps
 
@@ -106,8 +118,8 @@ def _kernels(res: dict, dry: bool, deadline: float):
         if time.monotonic() > deadline:
             rows.append({"head_dim": d, "skipped": "budget spent"})
             continue
-        rows += steps.kernel_check(tcfg.replace(head_dim=d), ("pallas", "auto") + (("cudnn",) if d == 128 else ()),
-                                   **shape)
+        backends = ("mosaic", "auto") if _on_tpu() else ("pallas", "auto") + (("cudnn",) if d == 128 else ())
+        rows += steps.kernel_check(tcfg.replace(head_dim=d), backends, **shape)
     res["kernel_check"] = rows
 
 
@@ -155,7 +167,8 @@ def _memory(res: dict, dry: bool, deadline: float):
                                                           mask_token_id=0, markov_rank=8))
         try:
             dcfg = DrafterConfig.for_target(tcfg, cfg.drafter)
-            rows.append({"config": name, **compiled_memory(cfg, tcfg, dcfg, devices=2 if dry else 8, backend="auto")})
+            rows.append({"config": name, **compiled_memory(cfg, tcfg, dcfg, devices=2 if dry else 8, backend="auto",
+                                                           platform="tpu" if _on_tpu() else "cuda")})
         except Exception as e:  # noqa: BLE001 - the check reports every part
             rows.append({"config": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"})
     res["memory"] = rows
@@ -180,8 +193,10 @@ def _tests(res: dict, out: Path, dry: bool, deadline: float, root: Path):
     (dry run: the gpu tests skip here, and one file of the suite is only collected: the command line
     and the marker expression are what it checks)."""
     texts = []
+    device_tests = (("tpu_tests", ["-x", "tests/test_tpu_lowering.py"]) if _on_tpu() else
+                    ("gpu_tests", ["-x", "-m", "gpu", "tests/test_gpu.py"]))
     for name, args, env in (
-            ("gpu_tests", ["-x", "-m", "gpu", "tests/test_gpu.py"], dict(os.environ)),
+            (*device_tests, dict(os.environ)),
             ("tests", ["-x", "-n", "0", "-m", "not slow and not gpu"] + (["--collect-only", "tests/test_lowering.py"]
                                                                            if dry else []),
              dict(os.environ, JAX_PLATFORMS="cpu"))):
@@ -222,7 +237,8 @@ def _markdown(res: dict) -> str:
         for r in res["memory"]:
             lines.append(f"| {r['config']} | {r.get('mode', '-')} | {r.get('devices', '-')} | {r.get('total_gb', '-')} | "
                          f"{r.get('temp_gb', '-')} | {r.get('error', r.get('skipped', r.get('method', '')))} |")
-    for key, title in (("gpu_tests", "gpu-marked tests on the device"), ("tests", "Fast test suite (CPU platform)")):
+    for key, title in (("gpu_tests", "gpu-marked tests on the device"),
+                       ("tpu_tests", "TPU compile tests on the device"), ("tests", "Fast test suite (CPU platform)")):
         if key in res:
             lines += ["", f"## {title}", "", f"`{res[key]}`"]
     for k, v in res.get("errors", {}).items():
@@ -238,7 +254,11 @@ def main(argv=None) -> int:
                     "device: a part started before it may run ~60 s past it, so the call's timeout_s is 240; none "
                     "in a dry run, which runs every part)")
     ap.add_argument("--no-tests", action="store_true", help="skip the test suite part")
+    ap.add_argument("--tpu", action="store_true", help="with --dry-run: the parts a TPU VM runs")
     args = ap.parse_args(argv)
+    if args.tpu and not args.dry_run:
+        ap.error("--tpu goes with --dry-run (on a TPU VM the check finds the TPU itself)")
+    _AS_TPU[:] = [True] if args.tpu else []
     root = Path(__file__).resolve().parents[2]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -252,7 +272,8 @@ def main(argv=None) -> int:
 
     dev = jax.devices()[0]
     res: dict[str, Any] = {
-        "command": "bash launch/device_check.sh" + (" --dry-run" if args.dry_run else ""), "dry_run": args.dry_run,
+        "command": " ".join(["bash launch/device_check.sh"] + ["--dry-run"] * args.dry_run + ["--tpu"] * args.tpu),
+        "dry_run": args.dry_run,
         "env": {"jax": jax.__version__, "python": platform.python_version(), "backend": jax.default_backend(),
                 "device": f"{dev.platform}: {getattr(dev, 'device_kind', dev)}", "devices": jax.device_count()},
         "errors": {},

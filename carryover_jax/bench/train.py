@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -195,7 +196,7 @@ def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
 
 
 def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterConfig, *, devices: int,
-                    backend: str = "einsum") -> dict:
+                    backend: str = "einsum", device_list=None, platform: str = "cuda") -> dict:
     """Per-device bytes of one training step of `cfg` (its mode, mesh, batch, remat, dtypes) with the
     attention backend `backend`, from XLA's memory analysis of the compiled step on abstract inputs
     (nothing is allocated): `jit(step).lower(...).compile().memory_analysis()`.
@@ -207,12 +208,21 @@ def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
     is one micro-step (batch_size / grad_accum_steps sequences, MultiSteps' accumulator in the state).
     Compiled on a platform other than the target one (CPU for GPU), the numbers are that platform's buffer
     assignment for the same program, a proxy: the Pallas kernel runs in interpret mode there (it keeps its
-    tiles, not [T, S] buffers), and XLA CPU computes bf16 dots in float32 (float32 copies of their operands)."""
+    tiles, not [T, S] buffers), and XLA CPU computes bf16 dots in float32 (float32 copies of their operands).
+
+    `platform` "tpu" with `device_list` the devices of a compile-only TPU topology
+    (`tpu_topology_devices`): the TPU program, compiled by the TPU compiler on this host, no TPU attached
+    (its own buffer assignment, not a proxy)."""
     data, fsdp, tensor = mesh_sizes(cfg.mesh, devices)
     run_cfg = cfg.replace(features="online")
-    # the program a GPU pod builds: the run's numerics resolved for cuda, whatever this host is. "auto" is
-    # lowered as its cuda branch (the kernel): lowered for the CPU, platform_dependent would take einsum
-    numerics = run_cfg.run_numerics("cuda").replace(attention_backend="pallas" if backend == "auto" else backend)
+    # the program a GPU pod (or, with compile-only TPU devices, a TPU slice) builds: the run's numerics
+    # resolved for that platform, whatever this host is. For cuda "auto" is lowered as its cuda branch (the
+    # kernel): lowered for the CPU, platform_dependent would take einsum
+    numerics = run_cfg.run_numerics(platform)
+    if platform == "cuda":
+        numerics = numerics.replace(attention_backend="pallas" if backend == "auto" else backend)
+    else:  # lowered for the devices' own platform: "auto" takes that platform's branch
+        numerics = numerics.replace(attention_backend=backend)
     sc = step_config(run_cfg, target_cfg, dcfg, numerics=numerics)
     opt = make_optimizer(run_cfg, 10)
     tparams = abstract_params(sc.target)
@@ -226,15 +236,28 @@ def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
             "global_batch": cfg.batch_size, "grad_accum_steps": cfg.grad_accum_steps, "micro_batch": micro,
             "micro_batch_per_shard": micro // (data * fsdp), "max_len": s, "num_anchors": cfg.num_anchors,
             "mode": cfg.loss.mode, "remat": cfg.remat, "loss_chunk_rows": cfg.loss.chunk_rows}
-    if len(jax.devices()) >= devices:
+    pool = list(jax.devices() if device_list is None else device_list)
+    if len(pool) >= devices:
         b = micro
         batch = {k: jax.ShapeDtypeStruct((b, s), jnp.int32) for k in ("input_ids", "loss_mask")}
-        mesh = make_mesh(cfg.mesh, jax.devices()[:devices])
-        with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+        mesh = make_mesh(cfg.mesh, pool[:devices])
+        with nn.logical_axis_rules(LOGICAL_RULES):  # (outside set_mesh: compile-only devices run nothing)
             psh = drafter_shardings(sc.drafter, mesh, cfg.mesh.shard_drafter)
             fn = compile_step(sc, opt, mesh, state_shardings(state, psh, mesh), target_shardings(sc.target, mesh),
                               {"input_ids": 2, "loss_mask": 2})
-            ma = fn.lower(state, tparams, batch).compile().memory_analysis()
+        with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+            try:
+                ma = fn.lower(state, tparams, batch).compile().memory_analysis()
+            except jax.errors.JaxRuntimeError as e:  # the TPU compiler checks its buffers against the chip's HBM
+                over = re.search(r"RESOURCE_EXHAUSTED: .*?temporaries \(([\d.]+)G\) exceeds available HBM "
+                                 r"\(([\d.]+)G\)", str(e))
+                if over is None:
+                    raise
+                gib = lambda x: round(float(x) * 2 ** 30 / 1e9, 3)  # noqa: E731  (XLA's "G" is GiB)
+                return {**base, "method": f"compiled: out of HBM on {devices} devices (temporaries alone)",
+                        "platform": f"{pool[0].platform}: {pool[0].device_kind}", "temp_gb": gib(over[1]),
+                        "total_gb": gib(over[1]), "hbm_available_gb": gib(over[2]),
+                        "compiler": str(e).splitlines()[0][:300]}
         method = f"compiled: the sharded step over {devices} devices"
     elif fsdp == 1 and tensor == 1:
         b = max(1, micro // devices)
@@ -253,7 +276,8 @@ def compiled_memory(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
     gb = lambda n: round(n / 1e9, 3)  # noqa: E731
     arg, out, tmp = ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.temp_size_in_bytes
     alias = getattr(ma, "alias_size_in_bytes", 0)
-    return {**base, "method": method, "platform": jax.default_backend(), "arguments_gb": gb(arg),
+    where = jax.default_backend() if device_list is None else f"{pool[0].platform}: {pool[0].device_kind}, compile-only"
+    return {**base, "method": method, "platform": where, "arguments_gb": gb(arg),
             "outputs_gb": gb(out), "temp_gb": gb(tmp), "aliased_gb": gb(alias),
             "total_gb": gb(arg + out + tmp - alias)}
 
@@ -265,16 +289,41 @@ NODE_LIMITS_GB = {"h200": 120, "h100": 72}
 MEMORY_STAGES = ("baseline", "dvd", "control")
 
 
-def memory_rows(entries, *, devices: int, backends=("auto",), progress: bool = True):
+# HBM per chip of the TPU generations a compile-only topology may name (device kind -> GB; the chips have
+# 16 / 95 / 32 GiB)
+TPU_HBM_GB = {k: round(v * 2 ** 30 / 1e9, 2) for k, v in {"TPU v5 lite": 16, "TPU v5": 95, "TPU v6 lite": 32}.items()}
+
+
+def tpu_topology_devices(name: str) -> list:
+    """The compile-only devices of a TPU slice topology ("v5p:2x2x1", "v6e:2x4", "v5e:4x4"): the TPU
+    compiler (libtpu) compiles for them on this host, no TPU attached."""
+    from jax.experimental import topologies
+
+    try:
+        return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
+    except Exception as e:  # noqa: BLE001 - no libtpu, or a name it does not know: one line either way
+        raise ConfigError(f"TPU topology {name!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__} "
+                          "(the TPU compiler comes with pip install '.[tpu]')") from None
+
+
+def memory_rows(entries, *, devices: int, backends=("auto",), progress: bool = True, device_list=None,
+                platform: str = "cuda"):
     """`compiled_memory` of each (config name, stage, TrainConfig, TargetConfig) in `entries` for each backend,
-    one row at a time (a compile takes minutes: rows are yielded as they finish)."""
+    one row at a time (a compile takes minutes: rows are yielded as they finish). TPU rows say whether the
+    step fits the chip's HBM instead of a GPU node's."""
     for name, stage, cfg, tcfg in entries:
         dcfg = DrafterConfig.for_target(tcfg, cfg.drafter)
         for bk in backends:
             if progress:
                 print(f"compiling the {name} {stage} step ({bk}) ...", file=sys.stderr, flush=True)
-            row = {"config": name, "stage": stage, **compiled_memory(cfg, tcfg, dcfg, devices=devices, backend=bk)}
-            row.update({f"fits_{node}": row["total_gb"] <= limit for node, limit in NODE_LIMITS_GB.items()})
+            row = {"config": name, "stage": stage, **compiled_memory(cfg, tcfg, dcfg, devices=devices, backend=bk,
+                                                                      device_list=device_list, platform=platform)}
+            if platform == "tpu" and device_list:
+                hbm = TPU_HBM_GB.get(device_list[0].device_kind)
+                fits = False if "hbm_available_gb" in row else None if hbm is None else row["total_gb"] <= hbm
+                row.update({"hbm_gb": hbm, "fits_hbm": fits})
+            else:
+                row.update({f"fits_{node}": row["total_gb"] <= limit for node, limit in NODE_LIMITS_GB.items()})
             yield row
 
 
@@ -303,7 +352,7 @@ def memory_json(row: dict) -> str:
     head = {"config": row["config"], "stage": row.get("stage", row["mode"]), "devices": row["devices"],
             "mesh": f"data={m['data']},fsdp={m['fsdp']},tensor={m['tensor']}", "backend": row["backend"],
             "per_device_gb": row["total_gb"], "micro_batch": row["micro_batch_per_shard"],
-            "accum": row["grad_accum_steps"], "fits_h200": row["fits_h200"], "fits_h100": row["fits_h100"],
+            "accum": row["grad_accum_steps"], **{k: row[k] for k in ("fits_h200", "fits_h100") if k in row},
             "micro_batch_global": row["micro_batch"]}
     renamed = ("mesh", "total_gb", "micro_batch", "micro_batch_per_shard", "grad_accum_steps", "estimate")
     return json.dumps({**head, **{k: v for k, v in row.items() if k not in head and k not in renamed}})

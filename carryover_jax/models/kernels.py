@@ -351,13 +351,19 @@ def prefix_attention(q, k, v, limit, lower=None, *, scale: float, interpret: boo
     `interpret` None: compiled where lowered for cuda, interpreted on CPU (`_by_platform`). Tiles
     None: `tile_sizes(D)` (each capped at the padded T / S); `splits` None: `key_splits` of the grid.
 
-    Under a mesh (`jax.set_mesh`, as training sets it) the kernel runs per shard through `shard_map`:
-    batch over the mesh's "data"/"fsdp" axes and K/V heads over "tensor" where they divide (a Pallas
-    call has no SPMD partitioning rule; without this XLA would gather the operands onto every device)."""
+    Under a mesh (`jax.set_mesh`, as training sets it) the kernel runs per shard (`per_shard`)."""
     if lower is None:
         lower = jnp.zeros(limit.shape, jnp.int32)
     fn = functools.partial(_prefix_attention, scale=scale, interpret=interpret, block_q=block_q, block_k=block_k,
                            splits=splits)
+    return per_shard(fn, q, k, v, limit, lower)
+
+
+def per_shard(fn, q, k, v, limit, lower):
+    """fn(q, k, v, limit, lower) -> (out, lse) on q/k/v [B, heads, ...], limit/lower [B, rows], out
+    [B, heads, rows, D], lse [B, heads, rows]: under a mesh (`jax.set_mesh`) run per shard through
+    `shard_map`, batch over "data"/"fsdp" and heads over "tensor" where they divide (a Pallas call has
+    no SPMD partitioning rule: without this XLA would gather the operands onto every device)."""
     mesh = jax.sharding.get_abstract_mesh()
     names = () if mesh is None or mesh.empty else tuple(mesh.axis_names)
     if not names or math.prod(mesh.axis_sizes) == 1:

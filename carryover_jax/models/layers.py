@@ -19,6 +19,7 @@ import numpy as np
 from carryover_jax.numerics import ATTENTION_BACKENDS
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.kernels import NEG_INF, prefix_attention
+from carryover_jax.models import tpu_attention
 from carryover_jax.numerics import dot_f32, lm_head_logits
 
 Array = jax.Array
@@ -192,20 +193,29 @@ class Prefix:
 #   length. (The shipped `gpu/decode_attention` takes one query per row, seq-major K/V and one length
 #   per row; `tpu/ragged_paged_attention` a paged cache: neither fits the head-major slot = position
 #   cache with T queries per row.) Refused on TPU (the kernel is Triton-style, untested on Mosaic).
-# - "auto": "pallas" where lowered for cuda, "einsum" on every other platform (CPU, TPU, ROCm) — the
-#   default of `numerics` on accelerators.
+# - "mosaic": `LiveMask` segments through the TPU kernel (`tpu_attention.live_attention`: Mosaic where
+#   this process runs on a TPU, TPU interpret mode where it runs on a CPU), the rest einsum. Refused on
+#   GPUs. (Which of the two follows the process, not the lowering platform: the interpreter's ordered
+#   callbacks inside a `platform_dependent` branch break the lowering of the other branch on jax 0.10.2.)
+# - "auto": "pallas" where lowered for cuda, "mosaic" (always compiled) for tpu, "einsum" on every other
+#   platform (CPU, ROCm) — the default of `numerics` on accelerators.
 # `Blockwise` segments (block-diagonal, [T, S/N] scores: small) are einsum in every backend.
 KERNEL_BACKENDS = ("pallas", "cudnn")  # the ones that run `kernels.prefix_attention`
+_MOSAIC_COMPILED = "mosaic (compiled)"  # auto's TPU branch: never the interpreter
 
 
 def resolve_backend(name: str) -> str:
-    """Check a backend name; refuse the Triton kernel where this process runs on a TPU. (A program
-    lowered for TPU from another host fails at lowering instead: the kernel has no TPU branch.)"""
+    """Check a backend name; refuse the Triton kernel where this process runs on a TPU and the Mosaic one
+    on a GPU. (A program lowered for the other platform from another host fails at lowering instead:
+    neither kernel has a branch for the other's platform.)"""
     if name not in ATTENTION_BACKENDS:
         raise ConfigError(f"unknown attention backend {name!r}; one of {', '.join(ATTENTION_BACKENDS)}")
     if name in KERNEL_BACKENDS and jax.default_backend() == "tpu":
         raise ConfigError(f"attention backend {name!r} runs a Triton-style Pallas kernel that is untested on TPU "
-                          "(Mosaic); use 'auto' or 'einsum' there")
+                          "(Mosaic); use 'auto', 'mosaic' or 'einsum' there")
+    if name == "mosaic" and jax.default_backend() == "gpu":
+        raise ConfigError("attention backend 'mosaic' runs the TPU (Mosaic) kernel; use 'auto', 'pallas' or 'einsum' "
+                          "on a GPU")
     return name
 
 
@@ -228,6 +238,7 @@ def attention_core(q: Array, segments, scale: float, backend: str = "einsum") ->
     backend = resolve_backend(backend)
     if backend == "auto":  # both traced; only the lowering platform's branch is lowered
         return jax.lax.platform_dependent(cuda=lambda: _attention(q, segments, scale, "pallas"),
+                                          tpu=lambda: _attention(q, segments, scale, _MOSAIC_COMPILED),
                                           default=lambda: _attention(q, segments, scale, "einsum"))
     return _attention(q, segments, scale, backend)
 
@@ -247,6 +258,9 @@ def _attention(q: Array, segments, scale: float, backend: str) -> Array:
             parts.append(_blockwise_part(qg, k, v, mask, scale))
         elif isinstance(mask, LiveMask) and backend in KERNEL_BACKENDS:
             parts.append(_pallas_live_part(qg, k, v, mask, scale))
+        elif isinstance(mask, LiveMask) and backend in ("mosaic", _MOSAIC_COMPILED):
+            parts.append(tpu_attention.live_part(qg, k, v, mask.limit, mask.lower, scale,
+                                                 interpret=False if backend == _MOSAIC_COMPILED else None))
         elif isinstance(mask, LiveMask):
             parts.append(_live_part(qg, k, v, mask, scale))
         elif isinstance(mask, Prefix) and backend in KERNEL_BACKENDS:

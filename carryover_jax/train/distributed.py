@@ -2,7 +2,8 @@
 
 Explicit variables win: CARRYOVER_COORDINATOR (host:port), CARRYOVER_NUM_PROCESSES, CARRYOVER_PROCESS_ID
 (the generic launcher sets them). Under SLURM (SLURM_JOB_ID with more than one task) JAX's own cluster
-detection reads SLURM_* itself. A single process needs nothing. Each host then reads its own slice of
+detection reads SLURM_* itself; on a multi-host TPU VM slice (CARRYOVER_TPU_SLICE=1, set by
+launch/train_tpu_slice.sh) it reads the TPU VM's metadata. A single process needs nothing. Each host then reads its own slice of
 the data (`jax.process_index()` of `jax.process_count()`).
 """
 
@@ -35,6 +36,8 @@ def maybe_initialize() -> bool:
         if env.get("SLURM_NTASKS_PER_NODE", "1") == "1" and gpus.isdigit():
             kw["local_device_ids"] = list(range(int(gpus)))
         jax.distributed.initialize(**kw)
+    elif env.get("CARRYOVER_TPU_SLICE") == "1":  # every worker of the slice: coordinator and ranks auto-detected
+        jax.distributed.initialize()
     else:
         return False
     _initialized = True
