@@ -132,5 +132,6 @@ def test_round_attention_equals_the_pytorch_reference(tiny_llama, tmp_path):
     rep = other.report(True)
     assert sum(c["rounds"] for c in rep["by_carried"]) == other.rounds.sum()
     rows = panels({"base": AttentionTally(P, block).report(False), "c": rep})
-    assert [t for t, _, _ in rows[0][1]] == ["baseline (base), all rounds", "c, 1-2 carried rows", "c, 3-3 carried rows"]
+    titles = [t for t, _, _ in rows[0][1]]
+    assert titles == ["baseline (base), all rounds", "c, 1-2 carried rows", "c, 3-3 carried rows"]
     assert rows[0][1][2][2] == int(other.rounds[3])

@@ -106,7 +106,7 @@ def test_offline_rounds_equal_greedy_speculative_decoding(tiny_llama, kind):
     assert cut > 0  # some last round was cut by the limit or the stop token
     assert carried_counts == set(range(drafter.cfg.num_proposals + 1))  # every carried count 0..P was replayed
     by_arm = {lab: [rec["accepted"] for rec in log if rec["mode"] == lab] for lab in ("x", "c")}
-    assert by_arm["x"] != by_arm["c"]  # the carried rows changed some rounds: the replay is not the plain drafter's scorer
+    assert by_arm["x"] != by_arm["c"]  # the carried rows changed some rounds: not the plain drafter's scorer
 
 
 def _pattern_counts(patterns, other):

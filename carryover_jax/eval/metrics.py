@@ -14,8 +14,9 @@ Definitions (as in the Carryover Drafting paper, Table 1):
 - speedup = AR time per output token / speculative time per output token, totals over the same prompts.
 - At T > 0 each seed is one full pass; the reported value is the mean over seeds with a two-sided
   Student-t confidence interval (half-width) over the per-seed values.
-- Paired comparisons (`paired.py`): every pair of arms on the same prompts, the mean per-prompt difference
-  and relative gain of τ and of speedup with a paired-bootstrap 95% interval, "resolved" or not.
+- Paired comparisons (`paired.py`): every pair of arms on the same prompts, the difference and relative gain
+  of τ (micro) and of the mean per-prompt speedup with a paired-bootstrap 95% interval, and what that may
+  claim ("resolved", "not resolved", "too few prompts", "one timing per prompt", "timing noise").
 """
 
 from __future__ import annotations

@@ -200,8 +200,8 @@ def render_paired(summary: dict[str, Any]) -> list[str]:
             "paired-bootstrap interval (prompts resampled with replacement, then each prompt's timing repeats; at "
             "T > 0 a prompt pools its seeds). " + PAIRED_RULES + " Per-prompt values: `results.json`, "
             "`summary.temperatures.T.paired.values`.", "",
-            "| arms | dataset | T | prompts x seeds | timings per prompt | Δτ [95%] | τ gain [95%] | τ: resolved? | "
-            "speedup gain [95%] | speedup: resolved? |",
+            "| arms | dataset | T | prompts x seeds | timings per prompt | Δτ [95%] | τ gain [95%] | "
+            "τ: resolved? | speedup gain [95%] | speedup: resolved? |",
             "|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 

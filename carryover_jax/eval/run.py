@@ -1,9 +1,12 @@
 """`carryover eval`: one target, several drafters, the same prompts, one run.
 
 Passes (every call at batch 1, prompt by prompt, timed after an untimed compile call per new shape):
-- for each temperature T and seed (one seed at T = 0): AR, then every drafter entry, on every prompt.
+- for each temperature T and seed (one seed at T = 0), on every prompt: AR and every drafter entry, each
+  timed `timing_repeats` times interleaved (repeat r runs every mode once, the order rotated by r), so the
+  speedup of a prompt is a ratio of neighbouring calls and its spread is measured (`paired.py`).
   At T = 0 every speculative sequence is compared token by token with the AR sequence.
-- throughput at each batch size (T = 0, prompts cycled to fill the batch): AR and every drafter.
+- throughput at each batch size (T = 0, prompts cycled to fill the batch): AR and every drafter, interleaved
+  the same way, the median time of each.
 The log (one record per call, `metrics` module) is the ground truth; the summary, the Markdown table and
 the plots are derived from it and can be re-rendered from the stored JSON.
 """
