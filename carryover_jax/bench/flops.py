@@ -1,5 +1,5 @@
-"""Model FLOPs and bytes of the main paths, from a config and its param shapes: what the device check's MFU
-(`bench steps`) and the roofline (`bench roofline`) divide by.
+"""Model FLOPs and bytes of the main paths, from a config and its param shapes: the work the device check's
+MFU (`bench steps`) and the roofline (`bench roofline`) count.
 
 FLOPs are 2 per multiply-add of the matrix products and attention; element-wise ops, norms, softmax and
 sampling are not counted. Bytes are what a path must read at least once: the weights it uses and the
