@@ -4,7 +4,8 @@ per fsdp group, data parallel across hosts of a slice (`launch/train_tpu_slice.s
 Sized by the TPU compiler on a CPU host, no TPU attached (`carryover bench train --memory --tpu-topology
 v5p:2x2x1 --mesh fsdp=4 ...`, rows in docs/tpu/memory.jsonl): the baseline step at 4 sequences per chip
 per micro-step takes 58.6 GB of a chip, the DVD step at 2 sequences 49.1 GB (2026-12-02). Attention on TPU: the Mosaic kernel for decoding,
-einsum for training (models/layers.py). On N hosts divide grad_accum_steps by N.
+einsum for training (models/layers.py). On N hosts divide grad_accum_steps by N. On v6e-8 hosts (8 chips
+of 32 GiB): `--set mesh.fsdp=8 --set grad_accum_steps=64` (1 sequence per chip: 17.1 GB; 4 were over the HBM).
 """
 
 from carryover_jax.config import MeshConfig

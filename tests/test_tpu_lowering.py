@@ -13,6 +13,16 @@ import pytest
 from carryover_jax.models import tpu_attention as ta
 
 
+@pytest.fixture(autouse=True)
+def _no_persistent_cache():
+    """Executables for compile-only devices cannot be read back from the suite's persistent XLA cache (a
+    warning per compile): compile them without it."""
+    old = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    yield
+    jax.config.update("jax_enable_compilation_cache", old)
+
+
 @functools.lru_cache(maxsize=None)
 def _topology(name: str):
     from jax.experimental import topologies
