@@ -25,6 +25,7 @@ import circle).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from carryover_jax.errors import ConfigError
@@ -183,10 +184,8 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU computes bf16 dots natively (Linux: /proc/cpuinfo's flags; elsewhere assumed)."""
     if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
+        cpuinfo = _cpuinfo()
+        if cpuinfo is None:
             return True  # no way to tell: no warning
     flags = set()
     for line in cpuinfo.splitlines():
@@ -194,6 +193,15 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
         if key.strip() in ("flags", "Features"):
             flags.update(val.split())
     return bool(flags & set(BF16_CPU_FLAGS))
+
+
+@functools.cache
+def _cpuinfo() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 _WARNED: set[str] = set()
