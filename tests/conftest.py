@@ -1,6 +1,7 @@
 import glob
 import importlib.util
 import os
+import shutil
 
 from tests.xla_flags import cpu_xla_flags
 
@@ -110,6 +111,17 @@ def accelerator():
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
     return tiny_hf_model("llama", tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_worded(tiny_llama, tmp_path_factory):
+    """The tiny Llama's folder with a word-level tokenizer (prompts as text, chat templates)."""
+    from tests.hf_models import add_word_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny_llama_worded") / "target"
+    shutil.copytree(tiny_llama.path, folder)
+    add_word_tokenizer(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
 
-from tests.hf_models import add_word_tokenizer
 
 # per token, per target layer: q 64x64, k 64x32, v 64x32, o 64x64, gate/up 64x112, down 112x64
 LAYER_MACS = 64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 112  # 33,792
@@ -22,13 +20,10 @@ TARGET_WEIGHTS = 3 * (LAYER_MACS + 2 * 64) + 64 + 64 * 97
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_llama, tmp_path_factory):
+def tiny(tiny_llama_worded):
     from carryover_jax.loading import load_target
 
-    path = tmp_path_factory.mktemp("roofline") / "target"
-    shutil.copytree(tiny_llama.path, path)
-    add_word_tokenizer(path)
-    return load_target(path)
+    return load_target(tiny_llama_worded)
 
 
 def test_decode_and_feature_costs_match_a_hand_count(tiny):

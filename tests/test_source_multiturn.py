@@ -3,14 +3,12 @@ vLLM/SGLang): every assistant turn is kept with the loss mask on each reply (and
 turns between them masked; the record is the chat template's rendering of the conversation."""
 
 import json
-import shutil
 
 import pytest
 
 from carryover_jax import load_target
 from carryover_jax.config import DataConfig
 from carryover_jax.train.responses import prepare_responses
-from tests.hf_models import add_word_tokenizer
 
 
 def _w(*ids):
@@ -35,11 +33,8 @@ CONVS = [
 
 
 @pytest.fixture(scope="module")
-def target(tiny_llama, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("mt") / "t"
-    shutil.copytree(tiny_llama.path, folder)
-    add_word_tokenizer(folder)
-    return load_target(folder)
+def target(tiny_llama_worded):
+    return load_target(tiny_llama_worded)
 
 
 def _store(target, tmp_path, **kw):
