@@ -185,7 +185,7 @@ def _cmd_pipeline(args) -> int:
     out = user_path(args.out or f"runs/pipeline-{Path(args.config.partition(':')[0]).stem}-{args.preset}")
     res = run_pipeline(args.config, out, preset=args.preset, overrides=args.set or [],
                        continue_overrides=args.continue_set or [], eval_overrides=_eval_sets(args.eval_set or []),
-                       progress=not args.quiet, budget_s=args.budget_s, dry_run=args.dry_run)
+                       progress=not args.quiet, budget_s=args.budget_s, dry_run=args.dry_run, starts=args.starts)
     if args.dry_run:
         print(json.dumps(res["plan"]))
         return 0
@@ -438,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "PNG) in --out")
     pp.add_argument("--config", default="smollm2", type=name_or_path, help="tiny | smollm2 | qwen3_4b | path/to/config.py")
     pp.add_argument("--preset", choices=["quick", "full", "gpu"], default="quick",
-                    help="quick: a complete small report (~15 min on 2 CPU cores); full: the config's sizes; gpu: "
+                    help="quick: a complete small report (~15 min on 2 CPU cores); full: the Carryover A/B "
+                         "(launch/carryover_ab.sh: snapshots, DVD and both controls from each, offline scores); gpu: "
                          "stages sized to a wall budget from rates measured first (with --config smollm2_gpu)")
     pp.add_argument("--out", default=None, type=user_path, help="output folder (default: runs/pipeline-<config>-<preset>)")
     pp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field of every training stage")
@@ -447,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(the equal-compute control's steps follow from DVD's)")
     pp.add_argument("--eval-set", action="append", metavar="KEY=VALUE",
                     help="override an eval setting of the preset, e.g. --eval-set prompts_per_dataset=4")
+    pp.add_argument("--starts", nargs="+", type=SIZE, default=None, metavar="STEP",
+                    help="the full preset (the Carryover A/B): baseline steps to continue DVD and its controls from "
+                         "(the final step or multiples of snapshot_every; default 1200 300 600)")
     pp.add_argument("--budget-s", type=B.arg(B.positive(86400.0)), default=None,
                     help="the wall budget of a budgeted preset (gpu: 420 s)")
     pp.add_argument("--dry-run", action="store_true",

@@ -29,7 +29,9 @@ from carryover_jax.eval.curve import curve_rows, snapshot_arms
 from carryover_jax.eval.offline import evaluate_offline
 from carryover_jax.eval.report import render_curve
 from carryover_jax.eval.run import evaluate, load_result, write_outputs
+from carryover_jax.eval.paired import check_resolvable
 from carryover_jax.eval.settings import check_settings
+from carryover_jax.eval.strength import arm_label, plot_strength, render_strength, strength_rows
 from carryover_jax.io import atomic_write_json
 from carryover_jax.loading import load_target, target_config
 from carryover_jax.train.loop import train
@@ -49,26 +51,18 @@ PRESETS: dict[str, dict[str, Any]] = {
                  "diagnostics": True, "diagnostic_prompts": 1},
         "curve_offline": {"prompts_per_dataset": 4},
     },
-    # the reference run of docs/ (~4 h on 2 idle CPU cores, the README): the config as it stands
-    # (configs/smollm2.py: 2,304 prompts, 2,400 baseline + 360 continuation steps; the equal-compute control
-    # ~3x that). Eval size: the reference run's per-prompt paired differences
-    # (docs/reference-run/eval/results.json, 15 prompts x 64 tokens, T = 0) give Carryover vs control a 95%
-    # half-width of ±2.2% on τ and ±3.6% on speedup; the half-width shrinks as 1/sqrt(prompts), so 30 prompts
-    # give ~±1.5% and ~±2.5% (<= ±3% with a margin for the noisy 15-prompt variance estimate). Cost: that eval
-    # took 12.5 min for 4 arms; 30 prompts and 5 arms ~30 min (more tokens per prompt would cut the
-    # within-prompt noise only).
+    # the Carryover A/B (launch/carryover_ab.sh): one baseline with snapshots, then DVD and its controls continued
+    # from several of them (`starts`: baseline steps, the final one first, so the main A/B finishes first), every
+    # arm scored offline (exact greedy τ, eval/offline.py) on the same rollouts of every held-out prompt that fits
+    # (290 ShareGPT + 164 HumanEval + 80 MT-Bench first turns = 534), Carryover's gain against each start's τ
+    # (eval/strength.py). No decoded eval: speed comes from `carryover eval` (timed, interleaved) on its drafters.
+    # Sized for <= 2.5 h on 2 CPU cores from an empty store; the stage times are in its report.
     "full": {
-        "train": {},
-        "continue": {},
-        "eval": {"datasets": ["sharegpt", "humaneval", "mtbench"], "prompts_per_dataset": 10, "max_new_tokens": 64,
-                 "temperatures": [0.0, 1.0], "seeds": 2, "batch_sizes": [1, 4], "max_len": 1024,
-                 "diagnostics": True, "diagnostic_prompts": 1},
-        # the baseline's snapshots scored offline (exact greedy τ, no decoding) on 48 rollouts per dataset
-        # (144, ~10x the 15 prompts the curve was decoded on before; the decoded curve now has the eval's 30).
-        # Cost, estimated from `carryover eval --offline` on 24 SmolLM2 rollouts x 64 tokens on a loaded machine
-        # (recording ~1.7 CPU-min, scoring 2 arms ~1.4 CPU-min): ~15 min, mostly the target's pass over each
-        # batch of rollouts (prompt included), which every arm of the batch shares
-        "curve_offline": {"prompts_per_dataset": 48},
+        "train": {"data.max_prompts": 1536, "steps": 1200, "snapshot_every": 300},
+        "continue": {"steps": 120, "save_every": 60},
+        "starts": [1200, 300, 600],
+        "eval": {"datasets": ["sharegpt", "humaneval", "mtbench"], "prompts_per_dataset": 400, "max_new_tokens": 64,
+                 "temperatures": [0.0], "seeds": 1, "batch_size": 16},
     },
     # the main job on one lent GPU (`--config smollm2_gpu`, launch/gpu_experiment.sh) inside a wall budget:
     # conversations, steps and eval prompts are not written here but planned from the rates the run measures
@@ -86,13 +80,14 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def stage_configs(config: str, out: Path, *, preset: str, overrides: list[str] = (),
-                  continue_overrides: list[str] = ()) -> dict[str, TrainConfig]:
+                  continue_overrides: list[str] = (), starts: list[int] | None = None) -> dict[str, TrainConfig]:
     """The baseline, control and DVD TrainConfigs of a pipeline rooted at `out`, and the equal-compute
     control (`ComputeMatched`: its steps are measured when the stage runs). Continuation settings (steps,
     lr, ...) come from the config's `STAGES["dvd"]` where it defines one, else 30% of the baseline steps;
     control and DVD differ only in `loss.mode`. A baseline trained with `loss.objective=edr` is continued with
     the block objective (EDR's rounds assume no carried rows, so DVD cannot train with it, and the control
-    follows DVD)."""
+    follows DVD). An A/B preset (one with `starts`; `starts` replaces its list) continues the trio from each start,
+    into `from_<step>/<mode>`."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
     p = PRESETS[preset]
@@ -112,7 +107,35 @@ def stage_configs(config: str, out: Path, *, preset: str, overrides: list[str] =
         sets = [f"{k}={v!r}" for k, v in p["continue"].items()] + list(continue_overrides)
         cfgs[mode] = apply_overrides(c, sets)
     cfgs["control_compute"] = ComputeMatched(cfgs["control"], cfgs["dvd"], str(out / "control_compute"))
+    if "starts" in p:  # the A/B: the same trio continued from each start
+        trio = {m: cfgs.pop(m) for m in ("control", "dvd", "control_compute")}
+        for step in check_starts(p["starts"] if starts is None else starts, base):
+            src = start_drafter(out, step, base)
+            for mode in ("control", "dvd"):
+                cfgs[f"from_{step}/{mode}"] = trio[mode].replace(
+                    name=f"{trio[mode].name}-from{step}", init_from=str(src), out_dir=str(out / f"from_{step}" / mode))
+            cfgs[f"from_{step}/control_compute"] = ComputeMatched(
+                cfgs[f"from_{step}/control"], cfgs[f"from_{step}/dvd"], str(out / f"from_{step}" / "control_compute"))
     return cfgs
+
+
+def check_starts(starts: list[int], base: TrainConfig) -> list[int]:
+    """The A/B's starting points: baseline steps the baseline leaves a drafter at (a snapshot every
+    `snapshot_every` steps, the final drafter at `steps`); anything else is refused before the first stage."""
+    if not starts or len(set(starts)) != len(starts):
+        raise ConfigError(f"the A/B's starts must be distinct baseline steps, got {starts!r}")
+    for s in starts:
+        final = s == base.steps and not base.epochs
+        if not isinstance(s, int) or isinstance(s, bool) or s < 1 or not (final or (
+                base.snapshot_every and s % base.snapshot_every == 0 and s < base.steps)):
+            raise ConfigError(f"A/B start {s!r}: the baseline leaves a drafter only at its final step ({base.steps}) "
+                              f"and every snapshot_every={base.snapshot_every} steps before it")
+    return list(starts)
+
+
+def start_drafter(out: Path, step: int, base: TrainConfig) -> Path:
+    """The baseline drafter at `step`: its final drafter or a snapshot."""
+    return out / "baseline" / "drafter" if step == base.steps else out / "baseline" / "snapshots" / f"step_{step:06d}"
 
 
 # the keywords the pipeline's stages give evaluate / evaluate_offline themselves (not eval settings)
@@ -185,7 +208,8 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
                  overrides: list[str] = (), continue_overrides: list[str] = (), eval_overrides: dict | None = None,
                  curve_overrides: dict | None = None, progress: bool = True,
                  log: Callable[[str], None] | None = None, stop_after: str | None = None,
-                 budget_s: float | None = None, dry_run: bool = False) -> dict[str, Any]:
+                 budget_s: float | None = None, dry_run: bool = False,
+                 starts: list[int] | None = None) -> dict[str, Any]:
     """Run (or resume) every stage; returns the report dict. `stop_after` ends the run after that stage
     (tests of resumption). A preset with a budget (`gpu`) first plans its stages from measured rates
     (`budget_plan`; `budget_s` replaces its wall budget); `dry_run` returns that plan and runs nothing."""
@@ -206,11 +230,20 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
         ev = {**ev, **sized["eval"], **(eval_overrides or {})}
     elif dry_run:
         raise ConfigError(f"--dry-run prints a budget plan: preset {preset!r} has no budget (try --preset gpu)")
+    ab = "starts" in PRESETS[preset]
+    if starts is not None and not ab:
+        raise ConfigError(f"--starts: preset {preset!r} is not an A/B (the full preset is)")
+    starts = list(PRESETS[preset]["starts"] if starts is None else starts) if ab else []
     cfgs = stage_configs(config, out, preset=preset, overrides=list(overrides),
-                         continue_overrides=list(continue_overrides))
+                         continue_overrides=list(continue_overrides), starts=starts or None)
     co = {**PRESETS[preset].get("curve_offline", {}), **(curve_overrides or {})}
     # refused now, not when the stage that needs them comes after prepare's or the trainings' hours
-    check_settings(ev, set(inspect.signature(evaluate).parameters) - PIPELINE_OWNED, what="--eval-set")
+    # the A/B's eval is the offline one; the other presets' is the decoded, timed one
+    check_settings(ev, set(inspect.signature(evaluate_offline if ab else evaluate).parameters) - PIPELINE_OWNED,
+                   what="--eval-set")
+    if ab:  # an A/B that could resolve nothing: refused before prepare, not after the trainings' hours
+        check_resolvable(ev.get("prompts_per_dataset", 100) * len(ev.get("datasets", ())),
+                         "pipeline A/B: prompts_per_dataset x datasets")
     check_settings(co, set(inspect.signature(evaluate_offline).parameters) - PIPELINE_OWNED - {"temperatures", "seeds"},
                    what="curve_offline")  # the curve is scored at T = 0, one pass
     check_drafter_fits(cfgs["baseline"])
@@ -283,15 +316,19 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
         return {"folder": str(out / "curve" / "result"), "offline_folder": str(out / "curve" / "offline"),
                 "offline_rollouts": n, "rows": result["curve"]}
 
-    def run_control_compute():
-        cfg = cfgs["control_compute"].resolve(log=log)  # the step times: probed once, kept in probe.json
+    def run_control_compute(name="control_compute"):
+        cfg = cfgs[name].resolve(log=log)  # the step times: probed once, kept in probe.json
         summary = train(cfg, progress=progress)
         if not summary.get("finished"):
-            raise ConfigError("stage control_compute did not finish")
+            raise ConfigError(f"stage {name} did not finish")
         probe = json.loads((Path(cfg.out_dir) / "probe.json").read_text())
         return {**summary, "final_metrics": _last_metrics(Path(cfg.out_dir)),
                 "probe": {k: probe[k] for k in ("dvd_s", "control_s", "ratio", "steps_timed", "rule")}}
 
+    if ab:
+        return _run_ab(out, cfgs, ev, results, stage=stage, run_train=run_train, run_compute=run_control_compute,
+                       get_target=get_target, starts=starts, progress=progress, log=log,
+                       stop_after=stop_after)
     for name in ("baseline", "curve", "control", "dvd", "control_compute"):
         fn = {"curve": run_curve, "control_compute": run_control_compute}.get(name, lambda name=name: run_train(name))
         results[name] = stage(name, fn)
@@ -310,6 +347,99 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
         return results
     results["report"] = stage("report", lambda: write_report(out, results))
     return results
+
+
+def ab_arms(out: Path, starts: list[int], base: TrainConfig) -> list[str]:
+    """The A/B's offline arms, `ARM@STEP` per start, Carryover last within each start (so every pair the offline
+    eval compares reads Carryover against the others)."""
+    arms = []
+    for s in starts:
+        f = out / f"from_{s}"
+        arms += [f"{arm_label('baseline', s)}={start_drafter(out, s, base)}",
+                 f"{arm_label('control-steps', s)}={f / 'control' / 'drafter'}",
+                 f"{arm_label('control-compute', s)}={f / 'control_compute' / 'drafter'}",
+                 f"{arm_label('dvd-nocarry', s)}={f / 'dvd' / 'drafter'}",
+                 f"{arm_label('carryover', s)}={f / 'dvd' / 'drafter'}:carryover"]
+    return arms
+
+
+def _run_ab(out: Path, cfgs: dict, ev: dict, results: dict, *, stage, run_train, run_compute, get_target,
+            starts: list[int], progress: bool, log, stop_after: str | None) -> dict[str, Any]:
+    """The A/B's stages after prepare: the baseline, each start's trio (control, DVD, equal-compute control), the
+    offline scores of every arm on shared rollouts, the gain-against-strength table and PNG, the report."""
+    base = cfgs["baseline"]
+    results["baseline"] = stage("baseline", lambda: run_train("baseline"))
+    if stop_after == "baseline":
+        return results
+    for s in starts:
+        for mode in ("control", "dvd", "control_compute"):
+            name = f"from_{s}/{mode}"
+            results[name] = stage(name, (lambda n=name: run_compute(n)) if mode == "control_compute"
+                                  else (lambda n=name: run_train(n)))
+            if stop_after == name:
+                return results
+
+    def run_offline():
+        res = evaluate_offline(get_target(), ab_arms(out, starts, base), rollouts=out / "rollouts",
+                               out=out / "offline", progress=progress, log=log, min_prompts=True, **ev)
+        return {"folder": str(out / "offline"), "rollouts": sum(res["config"]["datasets"].values()),
+                "datasets": res["config"]["datasets"]}
+
+    results["offline"] = stage("offline", run_offline)
+    if stop_after == "offline":
+        return results
+
+    def run_strength():
+        summary = load_result(out / "offline")["summary"]
+        temps = [float(t) for t in summary["temperatures"]]
+        rows = {f"{t:g}": strength_rows(summary, starts, temperature=t) for t in temps}
+        for t in temps:
+            plot_strength(rows[f"{t:g}"], out / "strength" / f"strength-T{t:g}.png", temperature=t)
+        atomic_write_json(out / "strength" / "strength.json", rows)
+        return {"folder": str(out / "strength"), "rows": rows}
+
+    results["strength"] = stage("strength", run_strength)
+    results["report"] = stage("report", lambda: write_ab_report(out, results, starts))
+    return results
+
+
+def write_ab_report(out: Path, results: dict, starts: list[int]) -> dict:
+    """`<out>/report.md` and `<out>/report.json` of the A/B: what each stage cost, the equal-compute rule as
+    measured per start, Carryover's gain against each start's strength, and the offline eval's own report."""
+    prep = results["prepare"]
+    rows = [f"| prepare | - | {prep.get('seconds', 0) / 60:.1f} | {prep.get('records', '?')} conversations, "
+            f"{prep.get('tokens', '?')} tokens |"]
+    for name, r in results.items():
+        if name in ("prepare", "report", "strength", "offline") or not isinstance(r, dict):
+            continue
+        m = r.get("final_metrics", {})
+        note = ", ".join(f"{k} {m[k]:.3f}" for k in ("tau_estimate", "draft1/tau", "off/tau_estimate") if k in m)
+        if r.get("probe"):
+            p = r["probe"]
+            note += (f"; DVD step {p['dvd_s']:.2f} s vs control {p['control_s']:.2f} s (x{p['ratio']:.2f}, medians of "
+                     f"{p['steps_timed']} alternating steps)")
+        rows.append(f"| {name} | {r.get('steps', '-')} | {r.get('seconds', 0) / 60:.1f} | {note} |")
+    off = results.get("offline", {})
+    rows.append(f"| offline eval | - | {off.get('seconds', 0) / 60:.1f} | {off.get('rollouts', '?')} rollouts "
+                f"({', '.join(f'{k} {v}' for k, v in off.get('datasets', {}).items())}), every arm |")
+    total = sum(r.get("seconds", 0) for r in results.values() if isinstance(r, dict))
+    strength = results.get("strength", {}).get("rows", {})
+    md = ["# Carryover A/B report", "",
+          "One baseline drafter trained with snapshots; from each start (a baseline step), DVD training (Carryover) "
+          "and its two controls continue the same drafter on the same batches and anchors: `control-steps` for "
+          "DVD's steps without carried rows, `control-compute` for as many steps as DVD's measured training time "
+          "buys. `dvd-nocarry` is the DVD drafter decoding with its carried rows withheld. Every arm is scored by "
+          "the exact offline evaluator on the same rollouts (`offline/`).", "",
+          "| stage | steps | minutes | notes |", "|---|---|---|---|", *rows, "",
+          f"Total: {total / 60:.1f} min.", ""]
+    for t, trows in strength.items():
+        md += ["## Carryover's gain against the strength of its start", "", *render_strength(trows, temperature=float(t)),
+               "", f"![gain against strength](strength/strength-T{t}.png)", ""]
+    md += ["## Offline scores", "", (out / "offline" / "report.md").read_text()]
+    (out / "report.md").write_text("\n".join(md))
+    atomic_write_json(out / "report.json", {"stages": {k: v for k, v in results.items() if k != "report"},
+                                            "starts": starts, "strength": strength})
+    return {"report": str(out / "report.md")}
 
 
 def check_drafter_fits(cfg: TrainConfig) -> None:

