@@ -9,9 +9,9 @@ drafter's backbone carries `Numerics.drafter_view()`), set at the runtime bounda
 
 A field left `None` is "the platform's default", filled by `resolve(platform)`: bfloat16 params,
 activations and caches on accelerators, float32 on CPU (where a bf16 run keeps float32 caches unless
-asked: `resolve`); attention "auto" on accelerators (the fused
-kernels where they exist and this jax has their backend: `check_cuda_support`), "einsum" on CPU; the vocabulary-major tied head on CPU only. The platform is
-an argument, not only the process's default backend, so a CUDA program can be built, lowered
+asked: `resolve`); attention "auto" on accelerators (the fused kernels where they exist and this jax
+has their backend: `check_cuda_support`), "einsum" on CPU; the vocabulary-major tied head on CPU only.
+The platform is an argument, not only the process's default backend, so a CUDA program can be built, lowered
 (`lower(lowering_platforms=("cuda",))`) and inspected from a CPU machine. The drafter's params default
 to float32 everywhere: training keeps them as the float32 master copy, and a 5-layer drafter is small
 next to the target; its dots run in the compute dtype. Whatever the dtypes, every LM head
