@@ -9,9 +9,9 @@ drafter's backbone carries `Numerics.drafter_view()`), set at the runtime bounda
 
 A field left `None` is "the platform's default", filled by `resolve(platform)`: bfloat16 params,
 activations and caches on accelerators, float32 on CPU (where a bf16 run keeps float32 caches unless
-asked: `resolve`); attention "auto" on accelerators (the fused
-kernels where they exist), "einsum" on CPU; the vocabulary-major tied head on CPU only. The platform is
-an argument, not only the process's default backend, so a CUDA program can be built, lowered
+asked: `resolve`); attention "auto" on accelerators (the fused kernels where they exist and this jax
+has their backend: `check_cuda_support`), "einsum" on CPU; the vocabulary-major tied head on CPU only.
+The platform is an argument, not only the process's default backend, so a CUDA program can be built, lowered
 (`lower(lowering_platforms=("cuda",))`) and inspected from a CPU machine. The drafter's params default
 to float32 everywhere: training keeps them as the float32 master copy, and a 5-layer drafter is small
 next to the target; its dots run in the compute dtype. Whatever the dtypes, every LM head
@@ -36,6 +36,10 @@ from carryover_jax.errors import ConfigError
 DTYPES = ("float32", "bfloat16", "float16")
 # the attention kernels (models/layers.py `attention_core` says what each one runs)
 ATTENTION_BACKENDS = ("einsum", "xla", "cudnn", "pallas", "mosaic", "auto")
+KERNEL_BACKENDS = ("pallas", "cudnn")  # the ones that run the Triton kernel (`models/kernels.py`) on cuda
+# what pallas_call's GPU lowering and the kernel's compiler params import: jax 0.11 deprecated the Pallas
+# Triton backend, "to be removed in a future JAX version" (docs/gpu-kernel-migration.md)
+TRITON_MODULES = ("jax.experimental.pallas.triton", "jax._src.pallas.triton.pallas_call_registration")
 # "plain": the LM head as one dot with the weight as rhs; "vocab_major": for the few rows of a decode
 # step the tied [V, d] embedding is the dot's lhs (XLA CPU runs that ~1.3-1.5x faster at 7-16 rows)
 LM_HEADS = ("plain", "vocab_major")
@@ -123,6 +127,8 @@ class Numerics:
         resolved = Numerics(**{k: (v if v is not None else getattr(base, k)) for k, v in out.items()})
         if p == "cpu":
             resolved.check_cpu_support()
+        if p == "cuda":
+            resolved.check_cuda_support()
         return resolved
 
     def check_cpu_support(self) -> None:
@@ -132,6 +138,18 @@ class Numerics:
         if "bfloat16" in narrow and not cpu_has_native_bf16():
             _warn_once("numerics: this CPU has no native bf16 arithmetic (no avx512_bf16 / amx_bf16 flag): "
                        "bf16 runs emulated, slower than float32; use float32 here")
+
+    def check_cuda_support(self) -> None:
+        """Where this jax has no Pallas Triton backend: `auto` reads caches with the masked dense einsum on
+        cuda (one notice line per process, `models/layers.py` `attention_core`); `pallas` / `cudnn`, which
+        run the Triton kernel, are refused in one line."""
+        if triton_available():
+            return
+        if self.attention_backend in KERNEL_BACKENDS:
+            raise ConfigError(missing_triton(self.attention_backend))
+        if self.attention_backend == "auto":
+            _warn_once(f"numerics: jax {_jax_version()} has no Pallas Triton backend; attention 'auto' on cuda "
+                       "falls back to einsum (a masked dense read of the whole KV cache at every decode step)")
 
     def over(self, base: "Numerics | None") -> "Numerics":
         """These fields where set, `base`'s elsewhere (e.g. prepare's `data.numerics` over the run's)."""
@@ -202,6 +220,32 @@ def _cpuinfo() -> str | None:
             return f.read()
     except OSError:
         return None
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether this jax can lower the Triton kernel for cuda: the modules of its Pallas Triton backend import
+    (a CPU-only jaxlib has them too, so a CUDA program lowered from a CPU host gets the same answer)."""
+    import importlib
+
+    try:
+        for name in TRITON_MODULES:
+            importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def missing_triton(backend: str) -> str:
+    """The one-line refusal of a backend that needs the Triton kernel where the Triton backend is missing."""
+    return (f"attention backend {backend!r} runs the Pallas Triton kernel, and jax {_jax_version()} has no Pallas "
+            "Triton backend (deprecated in jax 0.11, then removed); use 'auto' (einsum on cuda then) or 'einsum'")
+
+
+def _jax_version() -> str:
+    import jax
+
+    return jax.__version__
 
 
 _WARNED: set[str] = set()

@@ -147,10 +147,14 @@ EVAL_ARMS = 5  # baseline, control-steps, control-compute, carryover, dvd-nocarr
 
 
 def eval_passes(ev: dict) -> float:
-    """Decoding passes the eval makes over each prompt: every arm and AR at each temperature (seeds at T > 0),
-    once more per throughput batch size, and the diagnostics' logged decode."""
+    """Decoding passes the eval makes over each prompt: every arm and AR at each temperature (seeds at T > 0)
+    and once more per throughput batch size, each of them timed `timing_repeats` times (eval/run.py), and the
+    diagnostics' logged decode (once)."""
+    from carryover_jax.eval.paired import TIMING_REPEATS  # run_eval's default
+
     temps = sum(1 if t == 0 else ev.get("seeds", 1) for t in ev.get("temperatures", [0.0]))
-    return (EVAL_ARMS + 1) * (temps + len(ev.get("batch_sizes", []))) + (EVAL_ARMS if ev.get("diagnostics") else 0)
+    timed = (EVAL_ARMS + 1) * (temps + len(ev.get("batch_sizes", []))) * ev.get("timing_repeats", TIMING_REPEATS)
+    return timed + (EVAL_ARMS if ev.get("diagnostics") else 0)
 
 
 def budget_plan(config: str, out: Path, *, preset: str, overrides: list[str], continue_overrides: list[str],

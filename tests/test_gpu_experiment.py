@@ -3,6 +3,7 @@ device both end inside the budget), the prompt pack stands in for the packages, 
 splits a file larger than one call's budget, reassembles it with its sha256 checked, fails in one line when
 part 1 is gone, and brings a finished run's files into $OUT wherever $OUT is."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -16,6 +17,8 @@ import pytest
 
 from carryover_jax.budget import Budget, Rates, plan_stages, render_plan
 from carryover_jax.errors import ConfigError
+from carryover_jax.eval.paired import TIMING_REPEATS
+from carryover_jax.pipeline import EVAL_ARMS, PRESETS, eval_passes
 from tests.test_pipeline import tiny_chat  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +68,25 @@ def test_plan_sizes_follow_the_measured_rates_not_constants():
     assert slower["estimated_total_s"] <= budget.wall_s
     assert not any("below the goal" in n for n in fast["notes"])
     assert plan_stages(_rates(0.5), Budget(max_conversations=500))["conversations"] == 500
+
+
+def test_the_planned_eval_counts_every_timing_repeat():
+    """The eval decodes AR and every arm `timing_repeats` times per prompt and throughput batch (eval/run.py,
+    3 by default): the probe's eval rate (`eval_passes` x one decode's seconds per token) and so the plan's
+    eval seconds per prompt grow with it, and the same budget buys fewer eval prompts."""
+    ev = PRESETS["gpu"]["eval"]
+    passes = {r: eval_passes({**ev, "timing_repeats": r}) for r in (1, 2, 3)}
+    assert eval_passes(ev) == passes[TIMING_REPEATS]
+    # every repeat adds the same timed decodes; the diagnostics' logged decode (one per arm) is not repeated
+    assert passes[3] - passes[2] == passes[2] - passes[1] == passes[1] - EVAL_ARMS > 0
+    plans = {r: plan_stages(dataclasses.replace(_rates(1.0), eval_token_s=p * 0.0005), Budget(wall_s=420, probe_s=30))
+             for r, p in passes.items()}
+    per_prompt = {r: (plan["estimated_s"]["eval"] - plan["rates"]["compile_s"])
+                  / (plan["eval_prompts_per_dataset"] * len(ev["datasets"])) for r, plan in plans.items()}
+    assert per_prompt[1] < per_prompt[2] < per_prompt[3]
+    assert per_prompt[3] == pytest.approx(per_prompt[1] * passes[3] / passes[1], rel=0.02)
+    prompts = [plans[r]["eval_prompts_per_dataset"] for r in (1, 2, 3)]
+    assert prompts[0] > prompts[1] > prompts[2]
 
 
 def test_plan_refuses_what_it_cannot_plan():

@@ -22,6 +22,9 @@ not the process's default backend: lowering for cuda from a CPU host gives the T
 the CPU gets the interpreter (the tests). No branch exists for other platforms, so lowering a
 `pallas` program for TPU or ROCm fails there (Mosaic and ROCm Triton are untested); where the process
 itself runs on a TPU, `layers.resolve_backend` refuses `pallas` in one line before anything is traced.
+Where this jax has no Pallas Triton backend (`numerics.triton_available`; deprecated in jax 0.11), only the
+interpreter branch exists, `pallas` is refused for cuda in one line and `auto` reads caches with einsum
+there (docs/gpu-kernel-migration.md).
 
 Tiles follow the head dim (`tile_sizes`); when the grid (batch x heads x query tiles) is too small
 to fill a GPU — decoding at batch 1 — the key range of every query tile is split over several
@@ -45,6 +48,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+
+from carryover_jax import numerics
+from carryover_jax.errors import ConfigError
 
 # finite, so max/exp arithmetic on masked scores never makes inf - inf = NaN; masked probabilities are
 # set to exactly 0 (never exp(NEG_INF - m)), so a row that sees no key returns 0 in every path
@@ -120,16 +126,22 @@ def _compiler_params(interpret: bool, tiles: Tiles):
     whose async copies take <= 256 rows, not the whole-K/V blocks used here)."""
     if interpret:
         return None
+    if not numerics.triton_available():
+        raise ConfigError(numerics.missing_triton("pallas"))
     from jax.experimental.pallas import triton as plgpu
     return plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 
 def _by_platform(interpret: bool | None, build):
     """build(interpret) -> a function of arrays. interpret None: Triton where the program is lowered
-    for cuda, the interpreter on CPU, and no branch (a lowering error) for other platforms."""
+    for cuda (where this jax has the Triton backend), the interpreter on CPU, and no branch (a lowering
+    error) for other platforms."""
     if interpret is not None:
         return build(bool(interpret))
-    compiled, interpreted = build(False), build(True)
+    interpreted = build(True)
+    if not numerics.triton_available():
+        return lambda *args: lax.platform_dependent(*args, cpu=interpreted)
+    compiled = build(False)
     return lambda *args: lax.platform_dependent(*args, cuda=compiled, cpu=interpreted)
 
 

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from carryover_jax.numerics import ATTENTION_BACKENDS
+from carryover_jax import numerics
+from carryover_jax.numerics import ATTENTION_BACKENDS, KERNEL_BACKENDS
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.kernels import NEG_INF, prefix_attention
 from carryover_jax.models import tpu_attention
@@ -198,18 +199,21 @@ class Prefix:
 #   GPUs. (Which of the two follows the process, not the lowering platform: the interpreter's ordered
 #   callbacks inside a `platform_dependent` branch break the lowering of the other branch on jax 0.10.2.)
 # - "auto": "pallas" where lowered for cuda, "mosaic" (always compiled) for tpu, "einsum" on every other
-#   platform (CPU, ROCm) — the default of `numerics` on accelerators.
+#   platform (CPU, ROCm) — the default of `numerics` on accelerators. Where this jax has no Pallas Triton
+#   backend (`numerics.triton_available`), auto's cuda branch is "einsum" too: the masked dense read.
 # `Blockwise` segments (block-diagonal, [T, S/N] scores: small) are einsum in every backend.
-KERNEL_BACKENDS = ("pallas", "cudnn")  # the ones that run `kernels.prefix_attention`
+# KERNEL_BACKENDS (numerics): the ones that run `kernels.prefix_attention`.
 _MOSAIC_COMPILED = "mosaic (compiled)"  # auto's TPU branch: never the interpreter
 
 
 def resolve_backend(name: str) -> str:
-    """Check a backend name; refuse the Triton kernel where this process runs on a TPU and the Mosaic one
-    on a GPU. (A program lowered for the other platform from another host fails at lowering instead:
-    neither kernel has a branch for the other's platform.)"""
+    """Check a backend name; refuse the Triton kernel where this process runs on a TPU, or on a GPU whose jax
+    has no Pallas Triton backend, and the Mosaic one on a GPU. (A program lowered for the other platform
+    from another host fails at lowering instead: neither kernel has a branch for the other's platform.)"""
     if name not in ATTENTION_BACKENDS:
         raise ConfigError(f"unknown attention backend {name!r}; one of {', '.join(ATTENTION_BACKENDS)}")
+    if name in KERNEL_BACKENDS and jax.default_backend() == "gpu" and not numerics.triton_available():
+        raise ConfigError(numerics.missing_triton(name))
     if name in KERNEL_BACKENDS and jax.default_backend() == "tpu":
         raise ConfigError(f"attention backend {name!r} runs a Triton-style Pallas kernel that is untested on TPU "
                           "(Mosaic); use 'auto', 'mosaic' or 'einsum' there")
@@ -236,8 +240,9 @@ def attention_core(q: Array, segments, scale: float, backend: str = "einsum") ->
     probability 0 (not exp(-inf)), so rows with no visible key return zeros instead of NaN.
     """
     backend = resolve_backend(backend)
-    if backend == "auto":  # both traced; only the lowering platform's branch is lowered
-        return jax.lax.platform_dependent(cuda=lambda: _attention(q, segments, scale, "pallas"),
+    if backend == "auto":  # all traced; only the lowering platform's branch is lowered
+        cuda = "pallas" if numerics.triton_available() else "einsum"
+        return jax.lax.platform_dependent(cuda=lambda: _attention(q, segments, scale, cuda),
                                           tpu=lambda: _attention(q, segments, scale, _MOSAIC_COMPILED),
                                           default=lambda: _attention(q, segments, scale, "einsum"))
     return _attention(q, segments, scale, backend)
