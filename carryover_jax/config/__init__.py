@@ -15,8 +15,8 @@ from carryover_jax.config.train import CARRY_INTERFACES, DataConfig, LossConfig,
 from carryover_jax.numerics import Numerics  # a config's numerics field (the repr of a TrainConfig names it)
 
 __all__ = [
-    "CARRY_INTERFACES", "CARRY_MODULES", "DRAFTER_KINDS", "FAMILIES", "LAYER_TYPES", "LAYOUTS", "LEGACY_NUMERICS_FIELDS",
-    "MASK_TOKEN_IDS", "PRESETS",
+    "CARRY_INTERFACES", "CARRY_MODULES", "DRAFTER_KINDS", "FAMILIES", "LAYER_TYPES", "LAYOUTS",
+    "LEGACY_NUMERICS_FIELDS", "MASK_TOKEN_IDS", "PRESETS",
     "DataConfig", "DrafterConfig", "DrafterSpec", "LossConfig", "MeshConfig", "Numerics", "TargetConfig", "TrainConfig",
     "apply_overrides", "gemma_draft_backbone", "preset", "zlab_layer_ids",
 ]
