@@ -172,17 +172,17 @@ def init_drafter(target: Target, *, seed: int = 0, mask_token_id: int | None = N
 
 
 def load_drafter(path: str | os.PathLike, *, carryover: bool | None = None, layout: str | None = None,
-                 dtype: str | None = None, target: Target | None = None, numerics: Numerics | None = None
-                 ) -> DraftModel:
+                 dtype: str | None = None, target: Target | None = None, numerics: Numerics | None = None,
+                 carry_module: str | None = None) -> DraftModel:
     """A native, z-lab (DFlashDraftModel) or DeepSpec (Qwen3DSparkModel) drafter folder, run with
     `numerics` (default: the target's when given, else this platform's defaults); `dtype` also puts the
-    drafter's params in that dtype."""
+    drafter's params in that dtype. `carryover` / `carry_module`: see `drafter_formats.load_drafter`."""
     if numerics is None:
         numerics = target.cfg.numerics if target is not None else run_numerics()
     elif not numerics.is_resolved:
         numerics = numerics.resolve()
-    cfg, params = drafter_formats.load_drafter(path, carryover=carryover, layout=layout, dtype=dtype,
-                                               numerics=numerics)
+    cfg, params = drafter_formats.load_drafter(path, carryover=carryover, carry_module=carry_module, layout=layout,
+                                               dtype=dtype, numerics=numerics)
     if target is not None:
         check_pair(cfg, target.cfg)
     return DraftModel(cfg, params, Path(path))

@@ -7,8 +7,9 @@ transformers' Qwen3 rotary embedding. The draft layers follow the published DFla
 `dflash/model.py`): context rows `hidden_norm(fc(features))` are projected by each layer's own
 k/v projections (+ k_norm, RoPE at their positions) and never pass through the layers; the block
 `[anchor, MASK, ...]` attends non-causally to [committed context ; carried rows ; block]. Carried rows are
-`hidden_norm(fc(rejected features)) + e_rej` at positions anchor_pos + j; they are projected for one
-round and never enter the cache. `torch_reference.py` is the cache-free reference this is tested against.
+`hidden_norm(fc(rejected features)) + e_rej` (with the projection module, `u + carry_proj(u) + e_rej` for
+`u` = the fused rows) at positions anchor_pos + j; they are projected for one round and never enter the
+cache. `torch_reference.py` is the cache-free reference this is tested against.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class DrafterSpec:
     hf: dict  # Qwen3-style fields of the draft layers (hidden_size, heads, rope_parameters, ...)
     has_e_rej: bool
     draft_vocab: tuple[int, ...] = ()
+    carry_module: str = "embedding"  # "projection": carried rows pass `carry_proj` (models/drafter.py)
 
     @property
     def num_proposals(self) -> int:
@@ -97,6 +99,7 @@ def _native_spec(folder: Path, d: dict) -> DrafterSpec:
         target_layer_ids=tuple(int(i) for i in d["target_layer_ids"]), num_target_layers=int(d["num_target_layers"]),
         mask_token_id=int(d["mask_token_id"]), hf=hf, has_e_rej=bool(d.get("carryover")),
         draft_vocab=tuple(int(i) for i in d.get("draft_vocab") or ()),
+        carry_module=_carry_module(d.get("carry_module", "embedding")),
     )
 
 
@@ -123,7 +126,15 @@ def _export_spec(folder: Path, hf: dict) -> DrafterSpec:
         fmt=fmt, kind=kind, layout=fmt, block_size=int(hf["block_size"]), target_layer_ids=tuple(int(i) for i in ids),
         num_target_layers=int(hf["num_target_layers"]), mask_token_id=int(mask), hf=hf,
         has_e_rej=bool(hf.get("carryover")) and (folder / CARRYOVER_FILE).is_file(),
+        carry_module=_carry_module(hf["carryover"].get("module", "embedding")
+                                   if isinstance(hf.get("carryover"), dict) else "embedding"),
     )
+
+
+def _carry_module(value) -> str:
+    if value not in ("embedding", "projection"):
+        raise CheckpointError(f"unknown carried-row module {value!r} (this loop runs embedding, projection)")
+    return value
 
 
 def _load_tensors(folder: Path, fmt: str) -> dict[str, Tensor]:
@@ -191,6 +202,8 @@ class TorchDrafter:
         # Context and carried rows are projected by every layer's k/v at once: one GEMM per round.
         self.kv_all = torch.cat([torch.cat([L["k"], L["v"]]) for L in self.layers])
         self.e_rej = get("e_rej", (d,)) if s.has_e_rej else None
+        self.carry_proj = (tuple(get(f"carry_proj.{n}_proj.weight", (d, d)) for n in ("gate", "up", "down"))
+                           if s.has_e_rej and s.carry_module == "projection" else None)
         v = int(hf["vocab_size"])
         self.embed = (get("embed_tokens.weight", (v, d)) if "embed_tokens.weight" in w
                       else embed.to(device=self.device, dtype=dtype))
@@ -238,6 +251,9 @@ class TorchDrafter:
     def mark_carried(self, fused: Tensor) -> Tensor:
         if self.e_rej is None:
             raise ConfigError("this drafter has no Carryover embedding e_rej (decode with carryover off)")
+        if self.carry_proj is not None:  # the projection module: a residual SwiGLU on the fused rows
+            gate, up, down = self.carry_proj
+            fused = fused + F.linear(F.silu(F.linear(fused, gate)) * F.linear(fused, up), down)
         return fused + self.e_rej
 
     def _project(self, rows: Tensor, start: int) -> list[tuple[Tensor, Tensor]]:

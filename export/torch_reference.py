@@ -164,7 +164,8 @@ def drafter_logits(weights, config, embed, lm_head, block_tokens, block_position
     rejected_count [B] (None = all P rows valid); block_mask [B, T, T] bool (None = all visible).
     `attn_probs`: a list each layer's attention probabilities [B, H, T, keys] are appended to (keys: context,
     carried, block, in that order: the attention diagnostic's reference).
-    A missing `e_rej` in weights is treated as zeros (a Carryover embedding that was never trained)."""
+    A missing `e_rej` in weights is treated as zeros (a Carryover embedding that was never trained); the
+    projection module's `carry_proj.*` tensors, when present, map the fused carried rows first."""
     eps = config["rms_norm_eps"]
     B, T = block_tokens.shape
     dev = block_tokens.device
@@ -182,6 +183,11 @@ def drafter_logits(weights, config, embed, lm_head, block_tokens, block_position
             raise ValueError("carried_positions is required with carried_features")
         P = carried_features.shape[1]
         u = _fuse(weights, carried_features, eps)
+        if "carry_proj.down_proj.weight" in weights:
+            # the projection-module interface: a residual SwiGLU module on the fused rows
+            gate = torch.nn.functional.silu(_linear(u, weights["carry_proj.gate_proj.weight"]))
+            up = _linear(u, weights["carry_proj.up_proj.weight"])
+            u = u + _linear(gate * up, weights["carry_proj.down_proj.weight"])
         if "e_rej" in weights:
             # e_rej, one learned embedding, tags these rows as rejected states (Carryover paper).
             u = u + _f32(weights["e_rej"])

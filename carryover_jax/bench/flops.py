@@ -113,7 +113,8 @@ TRAIN_FLOPS_DOC = (
     "vocabulary's own head is trained; the target's frozen head needs forward + input gradient); the "
     "target's LM head on the same rows (the aligned teacher logits). DVD and control add draft 1 (drafter "
     "forward); DVD adds verification (target forward over the blocks' P+1 tokens, attending to their prefix "
-    "+ causally in the block). Element-wise ops, norms, softmax and DVD's carried rows not counted.")
+    "+ causally in the block). Element-wise ops, norms, softmax and DVD's carried rows (their K/V, and the "
+    "projection module of carry_module=projection) not counted.")
 
 
 def train_flops(tcfg: TargetConfig, dcfg: DrafterConfig, target_params, draft_params, *, batch: int, seq: int,

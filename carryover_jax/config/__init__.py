@@ -5,7 +5,8 @@ The run's dtypes and kernels are `carryover_jax.numerics`; HF `config.json` conv
 `carryover_jax.weights.hf_config`."""
 
 from carryover_jax.config.drafter import (
-    DRAFTER_KINDS, LAYOUTS, MASK_TOKEN_IDS, DrafterConfig, DrafterSpec, gemma_draft_backbone, zlab_layer_ids,
+    CARRY_MODULES, DRAFTER_KINDS, LAYOUTS, MASK_TOKEN_IDS, DrafterConfig, DrafterSpec, gemma_draft_backbone,
+    zlab_layer_ids,
 )
 from carryover_jax.config.overrides import apply_overrides
 from carryover_jax.config.presets import PRESETS, preset
@@ -14,8 +15,8 @@ from carryover_jax.config.train import CARRY_INTERFACES, DataConfig, LossConfig,
 from carryover_jax.numerics import Numerics  # a config's numerics field (the repr of a TrainConfig names it)
 
 __all__ = [
-    "CARRY_INTERFACES", "DRAFTER_KINDS", "FAMILIES", "LAYER_TYPES", "LAYOUTS", "LEGACY_NUMERICS_FIELDS",
-    "MASK_TOKEN_IDS", "PRESETS",
+    "CARRY_INTERFACES", "CARRY_MODULES", "DRAFTER_KINDS", "FAMILIES", "LAYER_TYPES", "LAYOUTS",
+    "LEGACY_NUMERICS_FIELDS", "MASK_TOKEN_IDS", "PRESETS",
     "DataConfig", "DrafterConfig", "DrafterSpec", "LossConfig", "MeshConfig", "Numerics", "TargetConfig", "TrainConfig",
     "apply_overrides", "gemma_draft_backbone", "preset", "zlab_layer_ids",
 ]

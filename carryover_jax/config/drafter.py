@@ -12,6 +12,10 @@ from carryover_jax.numerics import Numerics
 
 DRAFTER_KINDS = ("dflash", "markov")
 LAYOUTS = ("zlab", "deepspec")
+# How carried rows enter the draft layers' k/v projections (models/drafter.py `Drafter.mark_carried`):
+# "embedding" `fused + e_rej` (the paper's Carryover), "projection" `fused + carry_proj(fused) + e_rej` (the
+# appendix's projection-module interface: a residual SwiGLU module whose down_proj starts at zero).
+CARRY_MODULES = ("embedding", "projection")
 # Per-target MASK token: a frozen row of the target embedding that never occurs in chat data.
 # Qwen3: 151669, the first unused row (DeepSpec / z-lab). SmolLM2's 49152 rows are all real tokens, so
 # `loading.default_mask_token_id` takes `<empty_output>` (16) from its tokenizer, a StarCoder-era
@@ -46,6 +50,9 @@ class DrafterSpec:
     mask_token_id: int | None = None  # None: the target's default (see loading.default_mask_token_id)
     markov_rank: int | None = None  # None: 256 for markov
     carryover: bool = True
+    # None: "embedding" for a fresh drafter, the checkpoint's own when continuing one (`init_from`);
+    # "projection" adds the learned module (`DrafterConfig.carry_module`), zero at the start
+    carry_module: str | None = None
     # > 0: propose from the K most frequent target tokens of the training responses (EAGLE-3's draft
     # vocabulary; `DrafterConfig.draft_vocab`), chosen from the response store when the drafter is built
     draft_vocab_size: int = 0
@@ -55,6 +62,8 @@ class DrafterSpec:
                                   markov_rank=B.size(0, optional=True), draft_vocab_size=B.count(0)), "drafter.")
         if self.draft_vocab_size == 1:
             raise ConfigError("drafter.draft_vocab_size must be 0 (the whole vocabulary) or >= 2, got 1")
+        if self.carry_module is not None:
+            check_carry_module(self.carry_module, self.carryover, "drafter.")
         if self.target_layer_ids is not None:
             if not isinstance(self.target_layer_ids, tuple):
                 object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
@@ -78,6 +87,7 @@ class DrafterConfig:
     backbone: TargetConfig
     markov_rank: int = 0
     carryover: bool = True  # owns the learned e_rej embedding
+    carry_module: str = "embedding"  # CARRY_MODULES; "projection" also owns `carry_proj` (needs carryover)
     # EAGLE-3's draft vocabulary: target token ids (sorted) the drafter proposes from, through its own
     # `lm_head` over these rows (initialised from the target's); () = the target's whole frozen head.
     # Verification is unchanged, so decoding stays lossless; only proposals outside the set are lost.
@@ -88,6 +98,7 @@ class DrafterConfig:
                                   markov_rank=B.size(0)))
         B.check_ids("target_layer_ids", self.target_layer_ids, low=-B.INT32_MAX)  # the range: below, per target
         B.check_ids("draft_vocab", self.draft_vocab)
+        check_carry_module(self.carry_module, self.carryover)
         if self.kind not in DRAFTER_KINDS:
             raise ConfigError(f"unknown drafter kind {self.kind!r}; supported: {', '.join(DRAFTER_KINDS)}")
         if self.layout not in LAYOUTS:
@@ -177,8 +188,16 @@ class DrafterConfig:
             target_layer_ids=tuple(spec.target_layer_ids or zlab_layer_ids(target.num_layers)),
             num_target_layers=target.num_layers, mask_token_id=mask_token_id, backbone=backbone,
             markov_rank=(256 if spec.kind == "markov" else 0) if spec.markov_rank is None else spec.markov_rank,
-            carryover=spec.carryover, draft_vocab=tuple(int(i) for i in draft_vocab),
+            carryover=spec.carryover, carry_module=spec.carry_module or "embedding",
+            draft_vocab=tuple(int(i) for i in draft_vocab),
         )
+
+
+def check_carry_module(value, carryover: bool, prefix: str = "") -> None:
+    if value not in CARRY_MODULES:
+        raise ConfigError(f"unknown {prefix}carry_module {value!r}; supported: {', '.join(CARRY_MODULES)}")
+    if value == "projection" and not carryover:
+        raise ConfigError(f"{prefix}carry_module=projection maps carried rows, so it needs {prefix}carryover=true")
 
 
 def gemma_draft_backbone(target: TargetConfig, num_layers: int) -> TargetConfig:

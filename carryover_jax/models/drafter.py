@@ -2,7 +2,8 @@
 
 Params (names mirror the exported PyTorch checkpoints): `fc` (m·d -> d, no bias), `hidden_norm`,
 `layers/<i>/...` (the same `DecoderLayer` as the target, with q/k norms), `norm`, optional `e_rej`
-(the Carryover embedding, zero-initialised) and `markov_head/{markov_w1, markov_w2}`. The target's
+(the Carryover embedding, zero-initialised), with `carry_module="projection"` also
+`carry_proj/{gate_proj, up_proj, down_proj}` (`CarryProjection`), and `markov_head/{markov_w1, markov_w2}`. The target's
 embedding and LM head are *not* params: they arrive frozen in `frozen` (see `frozen_from_target`).
 
 Every block query attends to a list of key/value segments: the committed-context cache (or, in
@@ -77,6 +78,26 @@ class MarkovHead(nn.Module):
         return w2(w1(prev_tokens).astype(jnp.float32)).astype(jnp.float32)
 
 
+class CarryProjection(nn.Module):
+    """The projection-module interface for carried rows (the Carryover paper's appendix ablation): a
+    residual SwiGLU module on the fused rows, `x + down(silu(gate(x)) * up(x))`, d -> d -> d (3 d^2
+    params: 19.7M at Qwen3-4B's d = 2560, the size the paper reports). `down_proj` starts at zero, so a
+    fresh or continued drafter starts exactly at the embedding form and training moves it; gate/up start
+    random so down_proj's first gradient is non-zero."""
+
+    hidden_size: int
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        kw = dict(use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
+        gate = dense(self.hidden_size, "gate_proj", ("embed", "mlp"), **kw)(x)
+        up = dense(self.hidden_size, "up_proj", ("embed", "mlp"), **kw)(x)
+        down = dense(self.hidden_size, "down_proj", ("mlp", "embed"), kernel_init=nn.initializers.zeros, **kw)
+        return x + down(jax.nn.silu(gate) * up)
+
+
 class Drafter(nn.Module):
     cfg: DrafterConfig
     remat: bool = False
@@ -92,6 +113,8 @@ class Drafter(nn.Module):
             self.e_rej = self.param(
                 "e_rej", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), (bc.hidden_size,), pdt
             )
+        if c.carry_module == "projection":
+            self.carry_proj = CarryProjection(bc.hidden_size, dt, pdt)
         if c.markov_rank:
             self.markov_head = MarkovHead(bc.vocab_size, c.markov_rank, pdt)
         if c.draft_vocab:
@@ -119,9 +142,12 @@ class Drafter(nn.Module):
         return self.mark_carried(fused)
 
     def mark_carried(self, fused: Array) -> Array:
-        """Fused rows [B, R, d] -> carried rows: + e_rej, the one learned "this row was rejected" mark."""
+        """Fused rows [B, R, d] -> carried rows: + e_rej, the one learned "this row was rejected" mark
+        (after `carry_proj` with `carry_module="projection"`)."""
         if not self.cfg.carryover:
             raise ConfigError("this drafter was built without Carryover (carryover=False)")
+        if self.cfg.carry_module == "projection":
+            fused = self.carry_proj(fused).astype(fused.dtype)
         return fused + self.e_rej.astype(fused.dtype)
 
     def project(self, rows: Array, positions: Array):
@@ -257,7 +283,7 @@ def check_pair(cfg: DrafterConfig, target_cfg) -> None:
 
 
 def init_drafter_params(cfg: DrafterConfig, rng: Array, *, boxed: bool = False):
-    """Random init (N(0, 0.02) kernels, unit norms, zero e_rej), like DeepSpec's post_init.
+    """Random init (N(0, 0.02) kernels, unit norms, zero e_rej and carry_proj.down_proj), like DeepSpec's post_init.
     `boxed` keeps flax's logical-partitioning boxes (for sharding specs; use under eval_shape)."""
     out = _init_drafter(cfg, rng)
     return out if boxed else nn.unbox(out)
@@ -277,6 +303,14 @@ def _init_drafter(cfg: DrafterConfig, rng: Array):
                   carried_valid=jnp.ones((1, p), bool))
 
     return Drafter(cfg).init(rng, *args, **kw, method=Drafter.init_all)["params"]
+
+
+def init_carry_projection(cfg: DrafterConfig, rng: Array):
+    """Fresh `carry_proj` params (down_proj zero: carried rows as the embedding form makes them), for a
+    drafter continued with `carry_module="projection"` from a checkpoint without the module."""
+    bc = cfg.backbone
+    m = CarryProjection(bc.hidden_size, dtype_of(bc.dtype), dtype_of(bc.param_dtype))
+    return nn.unbox(jax.jit(m.init)(rng, jnp.zeros((1, 1, bc.hidden_size), dtype_of(bc.dtype)))["params"])
 
 
 def proposal_slots(cfg: DrafterConfig) -> slice:

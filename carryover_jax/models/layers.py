@@ -50,14 +50,15 @@ def accumulate_f32(lhs, rhs, dimension_numbers, precision=None, preferred_elemen
     return out if f32_out else out.astype(jnp.result_type(lhs.dtype, rhs.dtype))
 
 
-def dense(features: int, name: str, logical: tuple[str, str], *, use_bias: bool, dtype, param_dtype) -> nn.Dense:
+def dense(features: int, name: str, logical: tuple[str, str], *, use_bias: bool, dtype, param_dtype,
+          kernel_init=nn.initializers.normal(0.02)) -> nn.Dense:
     return nn.Dense(
         features,
         use_bias=use_bias,
         dtype=dtype,
         param_dtype=param_dtype,
         dot_general=accumulate_f32,
-        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), logical),
+        kernel_init=nn.with_logical_partitioning(kernel_init, logical),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, logical[1:]),
         name=name,
     )

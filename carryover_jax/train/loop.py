@@ -43,7 +43,8 @@ def build_drafter(cfg: TrainConfig, target, store=None):
     target's numerics (its params in the drafter param dtype). A draft vocabulary is chosen from the
     response store (`store`, else `cfg.data.store`)."""
     if cfg.init_from:
-        d = load_drafter(cfg.init_from, carryover=cfg.drafter.carryover, target=target)
+        d = load_drafter(cfg.init_from, carryover=cfg.drafter.carryover, carry_module=cfg.drafter.carry_module,
+                         target=target)
         return d.cfg, d.params
     default = None if cfg.drafter.mask_token_id is not None else default_mask_token_id(target)
     vocab = ()

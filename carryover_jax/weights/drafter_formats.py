@@ -9,9 +9,11 @@
   `markov_head.markov_w{1,2}.weight` for the Markov drafter.
 
 Carryover in A and B travels as one extra tensor `e_rej` [hidden] in a separate `carryover.safetensors`,
-flagged by the `carryover` key of config.json. `model.safetensors.index.json` lists only the standard
+flagged by the `carryover` key of config.json; a drafter with the projection module
+(`carry_module="projection"`) adds its `carry_proj.{gate,up,down}_proj.weight` there, and
+`carryover.module = "projection"`. `model.safetensors.index.json` lists only the standard
 tensors, so loaders that follow the index (vLLM, SGLang, transformers) see exactly the format they
-know; loaders that glob `*.safetensors` get one unknown tensor they can drop by name.
+know; loaders that glob `*.safetensors` get unknown tensors they can drop by name.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from carryover_jax.weights.hf_config import target_config_from_hf, target_config
 FORMATS = ("native", "zlab", "deepspec")
 CARRYOVER_FILE = "carryover.safetensors"
 CARRYOVER_TENSOR = "e_rej"
+CARRY_MODULE_PARAMS = "carry_proj"  # the projection module's params (and tensor-name prefix)
 _ARCH = {"DFlashDraftModel": "zlab", "Qwen3DSparkModel": "deepspec", "Gemma4DSparkModel": "deepspec"}
 # drafter_config.json versions: 1 (no "config_version" key) kept the run's numerics in the backbone
 # (`dtype`, `param_dtype`, `attention_backend`); 2 holds none (numerics are a runtime choice,
@@ -57,6 +60,8 @@ def drafter_config_to_dict(cfg: DrafterConfig) -> dict:
     d["backbone"].pop("numerics", None)
     d["target_layer_ids"] = list(cfg.target_layer_ids)
     d["draft_vocab"] = list(cfg.draft_vocab)
+    if cfg.carry_module == "embedding":  # the default: written only when set, so earlier readers read the rest
+        d.pop("carry_module")
     return d
 
 
@@ -100,10 +105,25 @@ def _backbone_fields(cfg: DrafterConfig) -> dict:
 
 
 def _carryover_field(cfg: DrafterConfig) -> dict:
+    if cfg.carry_module == "projection":
+        return {
+            "tensor": CARRYOVER_TENSOR, "file": CARRYOVER_FILE, "max_carried_rows": cfg.num_proposals,
+            "module": "projection",
+            "module_tensors": [f"{CARRY_MODULE_PARAMS}.{n}_proj.weight" for n in ("gate", "up", "down")],
+            "rows": "u = hidden_norm(fc(rejected verify features)); u + carry_proj.down_proj("
+                    "silu(carry_proj.gate_proj(u)) * carry_proj.up_proj(u)) + e_rej at positions next_anchor + i, "
+                    "for one round",
+        }
     return {
         "tensor": CARRYOVER_TENSOR, "file": CARRYOVER_FILE, "max_carried_rows": cfg.num_proposals,
         "rows": "hidden_norm(fc(rejected verify features)) + e_rej at positions next_anchor + i, for one round",
     }
+
+
+def export_carry_module(hf: dict) -> str:
+    """The carried-row module an export's config.json records ("embedding" when it records none)."""
+    field = hf.get("carryover")
+    return field.get("module", "embedding") if isinstance(field, dict) else "embedding"
 
 
 # DeepSpec's config carries its training anchors per sequence (`num_anchors`, a training setting that
@@ -210,7 +230,10 @@ def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: s
     config = export_config(cfg, fmt, num_anchors)
     np_dtype = None if dtype is None else np.dtype(jax.numpy.dtype(dtype))
     tensors = to_tensors(params, drafter_hf_name, np_dtype)
-    e_rej = tensors.pop(CARRYOVER_TENSOR, None)
+    # e_rej and the projection module's tensors go to carryover.safetensors, outside the index
+    carry = {k: tensors.pop(k) for k in list(tensors)
+             if k == CARRYOVER_TENSOR or k.startswith(CARRY_MODULE_PARAMS + ".")}
+    e_rej = carry.get(CARRYOVER_TENSOR)
     if fmt == "deepspec":
         if frozen is None:
             raise ConfigError("the DeepSpec format stores the target's embed_tokens and lm_head: pass the target")
@@ -226,7 +249,7 @@ def export_drafter(cfg: DrafterConfig, params, folder: str | os.PathLike, fmt: s
                  "weight_map": {k: "model.safetensors" for k in sorted(tensors)}}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         if e_rej is not None:
-            save_file({CARRYOVER_TENSOR: e_rej}, tmp / CARRYOVER_FILE, metadata={"format": "pt"})
+            save_file(carry, tmp / CARRYOVER_FILE, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         # README.md: what the drafter is and how each engine loads it (`card`: target=, source= for the text)
         from carryover_jax.weights.model_card import write_model_card
@@ -255,7 +278,7 @@ def detect_format(folder: Path) -> str:
     )
 
 
-def config_from_export(hf: dict, fmt: str, *, carryover: bool) -> DrafterConfig:
+def config_from_export(hf: dict, fmt: str, *, carryover: bool, carry_module: str = "embedding") -> DrafterConfig:
     n = hf["num_hidden_layers"]
     if "Gemma4DSparkModel" in (hf.get("architectures") or []):
         text = target_config_from_hf({**hf, "architectures": ["Gemma4ForCausalLM"]}, num_layers=n)
@@ -278,21 +301,24 @@ def config_from_export(hf: dict, fmt: str, *, carryover: bool) -> DrafterConfig:
     return DrafterConfig(
         kind=kind, layout=fmt, block_size=int(hf["block_size"]), target_layer_ids=tuple(ids),
         num_target_layers=int(hf["num_target_layers"]), mask_token_id=int(mask), backbone=backbone,
-        markov_rank=rank, carryover=carryover,
+        markov_rank=rank, carryover=carryover, carry_module=carry_module,
     )
 
 
 def load_drafter(folder: str | os.PathLike, *, layout: str | None = None, fmt: str | None = None,
-                 carryover: bool | None = None, dtype: str | None = None, numerics=None):
+                 carryover: bool | None = None, carry_module: str | None = None, dtype: str | None = None,
+                 numerics=None):
     """Read a native, z-lab or DeepSpec drafter folder -> (DrafterConfig, params) under `numerics`
     (a resolved `Numerics`; None: the float32 reference); `dtype` puts params and compute in that dtype.
     Params of any float dtype on disk are cast to the numerics' drafter param dtype.
 
     `layout`/`fmt`, when given, must match the checkpoint (a format/layout mismatch is an error, not a
     silent relabel). `carryover=True` on a checkpoint without `e_rej` starts it at zero (continuing a
-    released drafter with Carryover); `carryover=False` drops it.
+    released drafter with Carryover); `carryover=False` drops it (and any projection module).
+    `carry_module` None keeps the checkpoint's; "projection" on a checkpoint without the module starts
+    it as `init_carry_projection` does (down_proj zero: exactly the embedding form); "embedding" drops it.
     """
-    from carryover_jax.models.drafter import init_drafter_params
+    from carryover_jax.models.drafter import init_carry_projection, init_drafter_params
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -308,7 +334,9 @@ def load_drafter(folder: str | os.PathLike, *, layout: str | None = None, fmt: s
             has_e_rej = cfg.carryover
         else:
             has_e_rej = bool(raw.get("carryover")) and (folder / CARRYOVER_FILE).exists()
-            cfg = config_from_export(raw, found, carryover=has_e_rej if carryover is None else carryover)
+            cfg = config_from_export(raw, found, carryover=has_e_rej,
+                                     carry_module=export_carry_module(raw) if has_e_rej else "embedding")
+        has_module = cfg.carry_module == "projection"
     except KeyError as e:
         raise CheckpointError(f"missing field {e.args[0]!r} in drafter config {cfg_file}") from None
     except ConfigError as e:
@@ -317,8 +345,9 @@ def load_drafter(folder: str | os.PathLike, *, layout: str | None = None, fmt: s
         if isinstance(e, CarryoverError):
             raise
         raise CheckpointError(f"invalid drafter config {cfg_file} ({first_line(e)})") from None
-    if carryover is not None:
-        cfg = cfg.replace(carryover=carryover)
+    if carryover is not None or carry_module is not None:
+        on = cfg.carryover if carryover is None else carryover
+        cfg = cfg.replace(carryover=on, carry_module=carry_module or (cfg.carry_module if on else "embedding"))
     if numerics is not None:
         cfg = cfg.with_numerics(numerics)
     if dtype:
@@ -329,16 +358,20 @@ def load_drafter(folder: str | os.PathLike, *, layout: str | None = None, fmt: s
             "the layouts predict different positions and are not interchangeable"
         )
     abstract = jax.eval_shape(lambda: init_drafter_params(cfg, jax.random.key(0)))
-    want_e_rej = "e_rej" in abstract
-    if want_e_rej:
-        abstract = {k: v for k, v in abstract.items() if k != "e_rej"}
+    carry_abstract = {k: abstract.pop(k) for k in ("e_rej", CARRY_MODULE_PARAMS) if k in abstract}
     params = load_params(folder, abstract, drafter_hf_name)
-    if want_e_rej:
-        dt = abstract["norm"]["weight"].dtype
-        if has_e_rej:  # native: inline; exports: its own file, outside the index
-            src = "model.safetensors" if found == "native" else CARRYOVER_FILE
-            spec = {"e_rej": jax.ShapeDtypeStruct((cfg.hidden_size,), dt)}
+    src = "model.safetensors" if found == "native" else CARRYOVER_FILE  # exports: outside the index
+    dt = abstract["norm"]["weight"].dtype
+    if "e_rej" in carry_abstract:
+        if has_e_rej:
+            spec = {"e_rej": carry_abstract["e_rej"]}
             params["e_rej"] = load_params(folder, spec, drafter_hf_name, file=src)["e_rej"]
         else:
             params["e_rej"] = jax.numpy.zeros((cfg.hidden_size,), dt)
+    if CARRY_MODULE_PARAMS in carry_abstract:
+        if has_module:
+            spec = {CARRY_MODULE_PARAMS: carry_abstract[CARRY_MODULE_PARAMS]}
+            params[CARRY_MODULE_PARAMS] = load_params(folder, spec, drafter_hf_name, file=src)[CARRY_MODULE_PARAMS]
+        else:  # continuing a drafter without the module: it starts as the identity (the embedding form)
+            params[CARRY_MODULE_PARAMS] = init_carry_projection(cfg, jax.random.key(0))
     return cfg, params

@@ -92,6 +92,15 @@ def _fmt(x) -> str:
     return f"{x:.3f}" if isinstance(x, float) else str(x)
 
 
+def _carryover_cell(cfg: DrafterConfig, has_e_rej: bool) -> str:
+    if not has_e_rej:
+        return "no e_rej (a baseline drafter)"
+    if cfg.carry_module == "projection":
+        return ("yes: e_rej and the projection module carry_proj (a residual SwiGLU on the fused carried rows) in "
+                "carryover.safetensors")
+    return "yes: e_rej in carryover.safetensors"
+
+
 def model_card(cfg: DrafterConfig, config: dict, fmt: str, *, has_e_rej: bool, target: str | None = None,
                source: str | None = None) -> str:
     """README.md text for an export folder; `config` is the config.json written beside it."""
@@ -127,7 +136,7 @@ def model_card(cfg: DrafterConfig, config: dict, fmt: str, *, has_e_rej: bool, t
         f"| MASK token id | {cfg.mask_token_id} (`{mask_field}`; a frozen row of the target's embedding) |",
         f"| draft vocabulary | {'none: proposals come from the target head over all ' + str(bc.vocab_size) + ' tokens' if not cfg.draft_vocab else str(len(cfg.draft_vocab)) + ' ids (native folder only)'} |",
         f"| embedding / LM head | {'not stored: the target' + chr(39) + 's are used' if fmt == 'zlab' else 'frozen copies of the target' + chr(39) + 's (embed_tokens, lm_head)'} |",
-        f"| Carryover | {'yes: e_rej in carryover.safetensors' if has_e_rej else 'no e_rej (a baseline drafter)'} |",
+        f"| Carryover | {_carryover_cell(cfg, has_e_rej)} |",
         "",
         "## Feature layers (the one thing engines disagree on)",
         "",
