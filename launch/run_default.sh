@@ -5,8 +5,9 @@
 # DVD training), evaluate all of them against AR on HumanEval / MT-Bench / held-out ShareGPT, and write
 # report.md (+ JSON, PNG) into the run folder. Re-running resumes; finished stages are skipped.
 #   PRESET=quick (default): a complete small report in ~15 min on 2 CPU cores (a smoke run).
-#   PRESET=full: the reference run of docs/ (~4 h on 2 otherwise idle CPU cores from an empty store, at the rates
-#   measured 2026-12-02; docs/getting-started.md).
+#   PRESET=full: the Carryover A/B (= launch/carryover_ab.sh, but into runs/pipeline-smollm2-full): DVD and both
+#   controls continued from three baseline snapshots, every arm scored offline on 534 held-out rollouts
+#   (docs/evaluation.md; its stage times: docs/getting-started.md).
 # Extra arguments go to `carryover pipeline`, e.g. --set steps=100 or --out DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
