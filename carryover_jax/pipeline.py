@@ -256,7 +256,7 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
     plan_file = out / "pipeline.json"
     if plan_file.is_file():
         old = json.loads(plan_file.read_text())
-        if old != json.loads(json.dumps(plan)):
+        if not same_plan(old, json.loads(json.dumps(plan))):
             raise ConfigError(f"{out} holds a pipeline with other settings ({plan_file}); use another --out")
     else:
         atomic_write_json(plan_file, plan)
@@ -351,6 +351,15 @@ def run_pipeline(config: str = "smollm2", out: str | Path = "runs/pipeline", *, 
         return results
     results["report"] = stage("report", lambda: write_report(out, results))
     return results
+
+
+def same_plan(old: Any, new: Any) -> bool:
+    """Whether a rerun's plan is the folder's: equal, except that a settings field added to the library since the
+    folder was started may appear unset (None) in the new plan only (so an upgrade does not strand a resumable run)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return (all(k in new and same_plan(v, new[k]) for k, v in old.items())
+                and all(v is None for k, v in new.items() if k not in old))
+    return old == new
 
 
 def ab_arms(out: Path, starts: list[int], base: TrainConfig) -> list[str]:

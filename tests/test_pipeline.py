@@ -200,3 +200,15 @@ def test_an_ab_that_could_resolve_nothing_or_starts_nowhere_is_refused_before_an
     with pytest.raises(ConfigError, match="not an A/B"):
         run_pipeline("tiny", out, preset="quick", starts=[2], progress=False)
     assert not (out / "prepare").exists() and not (out / "pipeline.json").exists()
+
+
+def test_a_rerun_accepts_a_settings_field_added_unset_since_and_nothing_else():
+    from carryover_jax.pipeline import same_plan
+
+    old = {"stages": {"dvd": {"drafter": {"kind": "dflash"}, "steps": 4}}}
+    assert same_plan(old, {"stages": {"dvd": {"drafter": {"kind": "dflash", "carry_module": None}, "steps": 4}}})
+    assert not same_plan(old, {"stages": {"dvd": {"drafter": {"kind": "dflash", "carry_module": "projection"},
+                                                  "steps": 4}}})
+    assert not same_plan(old, {"stages": {"dvd": {"drafter": {"kind": "dflash"}, "steps": 5}}})
+    assert not same_plan(old, {"stages": {"dvd": {"drafter": {}, "steps": 4}}})  # a field gone
+    assert not same_plan(old, {"stages": {}})
