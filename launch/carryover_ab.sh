@@ -7,7 +7,8 @@
 # rollouts (ShareGPT's held-out split, HumanEval, MT-Bench first turns; T = 0) -> Carryover's paired gain
 # against each start's τ (table + PNG) -> report.md. Then, on the same store and rollouts:
 #   PROJECTION=1 (default): the projection-module arm (`drafter.carry_module=projection`), DVD from the final
-#   baseline with the DVD arm's settings, scored against that start's arms (into $OUT/projection);
+#   baseline with the DVD arm's settings, scored beside that start's baseline, equal-steps control and Carryover
+#   arm (into $OUT/projection);
 #   T1=1 (default): the final start's five arms at T = 1 on 534 sampled rollouts (into $OUT/offline-T1).
 # Re-running resumes: finished stages are skipped, a killed stage resumes from its store, checkpoints or rollout
 # cache, an eval whose results are written is not run again.
@@ -30,7 +31,7 @@ if [[ "${PROJECTION:-1}" == 1 ]]; then
     --set save_every=60 --set snapshot_every=300 --set "init_from=$OUT/baseline/drafter" \
     --set drafter.carry_module=projection --set "name=smollm2-dvd-projection-from$S" \
     --set "out_dir=$OUT/from_$S/dvd_projection"
-  [[ -f "$OUT/projection/results.json" ]] || "$C" eval --offline "${arms[@]}" \
+  [[ -f "$OUT/projection/results.json" ]] || "$C" eval --offline "${arms[@]:0:4}" "${arms[@]:8:2}" \
     --drafter "carryover-projection@$S=$OUT/from_$S/dvd_projection/drafter:carryover" "${ev[@]}" --temperatures 0 \
     --rollouts "$OUT/rollouts" --out "$OUT/projection"
 fi

@@ -124,6 +124,11 @@ def plot_strength(rows: list[dict[str, Any]], path: str | Path, *, temperature: 
         ax.annotate(name, (tau, gain), textcoords="offset points", xytext=(4, 3), fontsize=7, color="0.35")
     ax.axhline(0.0, color="0.6", lw=0.8)
     ax.set_xscale("log")
+    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
+
+    ax.xaxis.set_major_locator(FixedLocator([1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0]))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("starting drafter's τ (log scale)")
     ax.set_ylabel("Carryover τ gain, % (95% interval)")
     ax.set_title(f"Carryover's gain against the baseline's strength, T = {temperature:g}")
