@@ -511,6 +511,14 @@ CLI_ROWS = [
     Row("pipeline feature layer past the target's depth", lambda e: pipeline_args(
         e, "--set", f"target={e.target}", "--set", "drafter.target_layer_ids=(0, 5)"),
         r"target layer id 5 out of range \[-1, 1\]"),
+    # the Carryover A/B: refused before prepare, not after the trainings
+    Row("pipeline A/B with too few prompts to resolve anything",
+        lambda e: pipeline_args(e, "--preset", "full", "--eval-set", "prompts_per_dataset=3"),
+        r"pipeline A/B: prompts_per_dataset x datasets: 9 prompts cannot resolve a comparison of arms"),
+    Row("pipeline A/B start between snapshots", lambda e: pipeline_args(e, "--preset", "full", "--starts", "450"),
+        r"A/B start 450: the baseline leaves a drafter only at its final step \(1200\) and every snapshot_every=300"),
+    Row("pipeline --starts on a preset without an A/B", lambda e: pipeline_args(e, "--starts", "2"),
+        r"--starts: preset 'quick' is not an A/B"),
     Row("pipeline --dry-run of an unbudgeted preset", lambda e: ["pipeline", "--config", "tiny", "--preset", "quick",
                                                                 "--dry-run", "--out", str(e.tmp / "p")],
         r"--dry-run prints a budget plan: preset 'quick' has no budget"),
