@@ -90,7 +90,8 @@ def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str,
 
 def synthetic_batch(cfg: TrainConfig, target, dcfg: DrafterConfig, *, stored: bool) -> dict[str, jax.Array]:
     """One batch of the config's shape: random tokens, the loss mask on the last three quarters; with `stored`,
-    the target's features of it too (what a response store holds)."""
+    the target's features of it too (what a response store holds), and its K/V rows ("kv") where the config
+    stores them (`data.store_kv`)."""
     rng = np.random.default_rng(0)
     b, s = cfg.batch_size, cfg.data.max_len
     ids = rng.integers(10, target.cfg.vocab_size, (b, s)).astype(np.int32)
@@ -98,8 +99,8 @@ def synthetic_batch(cfg: TrainConfig, target, dcfg: DrafterConfig, *, stored: bo
     lm[:, s // 4:] = 1
     batch = {"input_ids": ids, "loss_mask": lm}
     if stored:
-        feats = target_features(target, ids.tolist(), tuple(dcfg.target_layer_ids))
-        batch.update(features=np.stack([f for f, _ in feats]), last_hidden=np.stack([h for _, h in feats]))
+        outs = target_features(target, ids.tolist(), tuple(dcfg.target_layer_ids), kv_dtype=cfg.data.store_kv)
+        batch.update(zip(("features", "last_hidden", "kv"), (np.stack(x) for x in zip(*outs))))
     return {k: jnp.asarray(v) for k, v in batch.items()}
 
 
@@ -131,15 +132,19 @@ def interleaved_ms(calls: dict[str, Any], steps: int) -> dict[str, float]:
 def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
     """Step time of DVD training, of its control and of baseline training with the EDR objective
     (`loss.objective=edr`) against baseline steps on the same batch (stored and online features),
-    interleaved call by call in one process; medians in ms."""
+    interleaved call by call in one process; medians in ms. With `data.store_kv`, DVD both with the stored
+    K/V and with them recomputed (a target pass over the recorded sequences, as without)."""
     from carryover_jax.train.loop import build_drafter
     target = load_target(cfg.target, numerics=cfg.run_numerics())
     dcfg, params = build_drafter(cfg, target)
     b, s = cfg.batch_size, cfg.data.max_len
-    stored = synthetic_batch(cfg, target, dcfg, stored=True)
+    with_kv = synthetic_batch(cfg, target, dcfg, stored=True)
+    stored = {k: v for k, v in with_kv.items() if k != "kv"}
     online = {k: stored[k] for k in ("input_ids", "loss_mask")}
     arms = {"baseline (stored features)": ("baseline", stored), "baseline (online features)": ("baseline", online),
             "baseline + edr objective": ("baseline", stored), "dvd": ("dvd", stored), "control": ("control", stored)}
+    if "kv" in with_kv:
+        arms["dvd (stored K/V)"] = ("dvd", with_kv)
     calls = {name: step_call(cfg, target, dcfg, params, batch, mode=mode, objective="edr" if "edr" in name else "ce")
              for name, (mode, batch) in arms.items()}
     ms = interleaved_ms(calls, steps)
@@ -183,12 +188,12 @@ def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
     }
     if dvd:
         # DVD adds, without gradients: every target layer's prefix K/V of the recorded sequence, the verify
-        # attention of one target layer over the N blocks of P+1 (prefix [N(P+1), S] + block-causal scores),
-        # the verify taps of all blocks, and draft 1's vocabulary logits (chunked like the loss)
+        # attention of one target layer over the N blocks of P (prefix [N P, S] + block-causal scores), the
+        # verify taps of all blocks, and draft 1's vocabulary logits (chunked like the loss)
         tkv = target_cfg.num_layers * 2 * local_b * s * target_cfg.num_kv_heads * target_cfg.head_dim * act_dt
-        nv = n * (dcfg.num_proposals + 1)
+        nv = n * dcfg.num_proposals
         out["dvd_prefix_kv_gb"] = tkv / 1e9
-        out["dvd_verify_scores_gb"] = local_b * target_cfg.num_heads * nv * (s + dcfg.num_proposals + 1) * 4 / 1e9
+        out["dvd_verify_scores_gb"] = local_b * target_cfg.num_heads * nv * (s + dcfg.num_proposals) * 4 / 1e9
         out["dvd_verify_features_gb"] = local_b * nv * len(dcfg.target_layer_ids) * target_cfg.hidden_size * act_dt / 1e9
         out["dvd_draft1_logits_gb"] = rows * target_cfg.vocab_size * 4 / 1e9
     out["total_gb"] = sum(v for k, v in out.items() if k.endswith("_gb"))

@@ -99,10 +99,12 @@ def probe_step_times(dvd: TrainConfig, control: TrainConfig, *, steps: int = 6,
             runs[name] = [sc, opt, ssh, jax.device_put(init_state(params, opt, cfg.seed), ssh), None]
         target_params = jax.device_put(target.params, tsh)
         it = make_train_iter(dvd.data, store, batch_size=local, seed=dvd.seed, process_index=jax.process_index(),
-                             process_count=jax.process_count(), with_features=dvd.features == "store")
+                             process_count=jax.process_count(), with_features=dvd.features == "store",
+                             with_kv=dvd.reads_stored_kv)
         batches = [{k: np.asarray(v) for k, v in next(it).items() if k in BATCH_KEYS} for _ in range(steps + 1)]
-        for i, batch in enumerate(batches):
+        for i, full in enumerate(batches):
             for name in ("dvd", "control"):
+                batch = full if name == "dvd" else {k: v for k, v in full.items() if k != "kv"}  # as its run reads
                 sc, opt, ssh, state, fn = runs[name]
                 if fn is None:
                     fn = compile_step(sc, opt, mesh, ssh, tsh, {k: v.ndim for k, v in batch.items()})
