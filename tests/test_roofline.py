@@ -130,3 +130,16 @@ def test_roofline_runs_a_subset_of_rows(tiny, capsys):
     assert rc == 0, out.err
     paths = [l for l in out.out.splitlines() if l.startswith("| AR step") or l.startswith("| verify")]
     assert len(paths) == 2 and paths[0].startswith("| AR step, batch 1") and paths[1].startswith("| verify(4)")
+
+
+def test_roofline_dvd_row_reads_stored_kv_where_the_config_stores_them(tiny, capsys):
+    from carryover_jax import cli
+
+    rc = cli.main(["bench", "roofline", "--config", "tiny", "--target", str(tiny.path), "--repeats", "1",
+                   "--stream-mb", "4", "--matmul-rows", "1", "--rows", "dvd", "control", "--json", "--set",
+                   "features=store", "--set", "data.store_features=true", "--set", "data.store_kv=float32"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rows = {r["row"]: r for r in json.loads(out.out)["rows"]}
+    assert rows["dvd"]["path"].endswith("stored features and K/V") and rows["control"]["path"].endswith("features")
+    assert math.isfinite(rows["dvd"]["fraction"]) and rows["dvd"]["fraction"] > 0
