@@ -212,9 +212,11 @@ def _features_row(cfg, target, machine, seed: int) -> dict[str, Any]:
     layer_ids = tuple(cfg.data.feature_layer_ids or cfg.drafter.target_layer_ids
                       or zlab_layer_ids(target.cfg.num_layers))
     seqs = np.random.default_rng(seed).integers(10, target.cfg.vocab_size, (rows, seq)).tolist()
-    _, s = _twice(lambda: target_features(target, seqs, layer_ids, batch_rows=rows)[-1][0])
+    kv_dtype = cfg.data.store_kv  # prepare stores K/V with its features where the config asks
+    _, s = _twice(lambda: target_features(target, seqs, layer_ids, batch_rows=rows, kv_dtype=kv_dtype)[-1][0])
     b = _bound_of([F.feature_pass_cost(target.cfg, target.params, rows=rows, seq=seq)], machine, target.cfg)
-    return _row("features", f"prepare's feature pass, {rows} x {seq} tokens", s, b)
+    kv = f" (and {kv_dtype} K/V)" if kv_dtype else ""
+    return _row("features", f"prepare's feature pass, {rows} x {seq} tokens{kv}", s, b)
 
 
 def _train_rows(cfg, target, machine, modes, repeats: int) -> list[dict[str, Any]]:

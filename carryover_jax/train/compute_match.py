@@ -10,7 +10,7 @@ what DVD training costs. Checkpointing, logging and snapshots are outside the ti
 accumulation (`grad_accum_steps` = k, the same in both) the timed calls are micro-steps: either step is k of
 them, so their ratio is the steps' ratio.
 
-Why measured time and not FLOPs: the two steps differ by a frozen-target forward over N(P+1) verify
+Why measured time and not FLOPs: the two steps differ by a frozen-target forward over N·P verify
 tokens (online) and a second drafter context pass; on this CPU XLA's small-matmul efficiency differs
 between them, so counted FLOPs would not say what the control could have run in DVD's time. Why a probe
 and not DVD's `metrics.jsonl`: its steps/s include the diagnostic forward and checkpoint saves, and it ran
