@@ -35,6 +35,7 @@ from carryover_jax.errors import ConfigError
 from carryover_jax.loading import load_target
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.target import abstract_params
+from carryover_jax.train.kv_rows import kv_width
 from carryover_jax.train.responses import target_features
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, mesh_sizes
 from carryover_jax.train.step import (compile_step, drafter_shardings, init_state, make_optimizer, state_shardings,
@@ -47,14 +48,17 @@ def _synthetic_store(path: Path, target, cfg: TrainConfig, layer_ids, *, records
     s = cfg.data.max_len
     seqs = [rng.integers(10, target.cfg.vocab_size, s).astype(np.int32).tolist() for _ in range(records)]
     masks = [np.r_[np.zeros(s // 4, np.uint8), np.ones(s - s // 4, np.uint8)] for _ in range(records)]
+    kv = cfg.data.store_kv if features else None
     kw = dict(feature_dim=len(layer_ids) * target.cfg.hidden_size, hidden=target.cfg.hidden_size) if features else {}
+    if kv:
+        kw.update(kv_dim=kv_width(target.cfg), kv_dtype=kv)
     st = ResponseStore.create_or_open(path, meta={"feature_layer_ids": list(layer_ids) if features else []}, **kw)
     recs = []
     for i, (ids, m) in enumerate(zip(seqs, masks)):
         r = {"id": str(i), "input_ids": ids, "loss_mask": m}
         if features:
-            (f, h), = target_features(target, [ids], tuple(layer_ids))
-            r.update(features=f, last_hidden=h)
+            out = target_features(target, [ids], tuple(layer_ids), kv_dtype=kv)[0]
+            r.update(zip(("features", "last_hidden", "kv"), out))
         recs.append(r)
     st.append(recs)
     st.commit()
@@ -73,7 +77,7 @@ def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str,
             store = _synthetic_store(tmp / f"data-{mode}", target, cfg, dcfg.target_layer_ids, records=records,
                                      features=mode == "store")
             run_cfg = cfg.replace(
-                data=dataclasses.replace(cfg.data, store=str(store), min_loss_tokens=1), features=mode, steps=steps,
+                data=dataclasses.replace(cfg.data, store=str(store), min_loss_tokens=2), features=mode, steps=steps,
                 epochs=None, out_dir=str(tmp / f"run-{mode}"), log_every=1, save_every=10 ** 9,
                 async_checkpointing=False, drafter=dataclasses.replace(cfg.drafter, mask_token_id=dcfg.mask_token_id,
                                                                        target_layer_ids=dcfg.target_layer_ids),
