@@ -157,9 +157,9 @@ def test_prepared_kv_are_the_recorded_kv_and_reach_the_batch(tiny_llama_worded, 
     with pytest.raises(CarryoverError, match="kv_dim: stored None, requested"):
         prepare_responses(dataclasses.replace(cfg, store=str(tmp_path / "plain")), target, progress=False)
     with pytest.raises(CarryoverError, match="holds no target K/V, data.store_kv asks for float32"):
-        StoreSource(plain, max_len=24, min_loss_tokens=3, with_features=True, with_kv="float32")
+        StoreSource(plain, max_len=24, min_loss_tokens=3, with_features=True, kv_dtype="float32")
     with pytest.raises(CarryoverError, match="holds bfloat16 K/V, data.store_kv asks for float32"):
-        StoreSource(half, max_len=24, min_loss_tokens=3, with_features=True, with_kv="float32")
+        StoreSource(half, max_len=24, min_loss_tokens=3, with_features=True, kv_dtype="float32")
     with pytest.raises(ConfigError, match="data.store_kv needs data.store_features"):
         DataConfig(store_kv="float32")
     with pytest.raises(ConfigError, match="data.store_kv must be None, 'float32' or 'bfloat16'"):

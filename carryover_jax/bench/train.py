@@ -154,8 +154,8 @@ def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
     ms = interleaved_ms(calls, steps)
     base = ms["baseline (stored features)"]
     rows = [{"step": k, "ms": round(v, 1), "x_baseline_stored": round(v / base, 2),
-             "x_baseline_online": round(v / ms["baseline (online features)"], 2), "x_control": round(v / ms["control"], 2)}
-            for k, v in ms.items()]
+             "x_baseline_online": round(v / ms["baseline (online features)"], 2),
+             "x_control": round(v / ms["control"], 2)} for k, v in ms.items()]
     return {"benchmark": "train-dvd", "config": cfg.name, "batch_size": b, "max_len": s, "num_anchors": cfg.num_anchors,
             "num_proposals": dcfg.num_proposals, "rows": rows}
 

@@ -26,8 +26,8 @@ from carryover_jax.config import DataConfig, TargetConfig
 from carryover_jax.decode.generate import plan_lengths
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.target import new_cache
-from carryover_jax.train.kv_rows import kv_width
 from carryover_jax.numerics import canonical_platform
+from carryover_jax.train.kv_rows import kv_width
 
 GB = 1e9
 DEVICE_FRACTION = 0.9  # of a device's free memory: headroom for XLA's temporaries and fragmentation

@@ -29,16 +29,17 @@ class StoreSource:
     """
 
     def __init__(self, store: StoreView | ResponseStore, *, max_len: int, min_loss_tokens: int,
-                 with_features: bool = False, with_kv: str | None = None, multiple_of: int = 1):
+                 with_features: bool = False, kv_dtype: str | None = None, multiple_of: int = 1):
         if with_features and store.feature_dim is None:
             raise CarryoverError(
                 f"{store.path}: this response store has no target features (prepare it with store_features)"
             )
-        if with_kv and store.kv_dtype != with_kv:
+        if kv_dtype and store.kv_dtype != kv_dtype:
             held = f"holds {store.kv_dtype} K/V" if store.kv_dtype else "holds no target K/V"
-            raise CarryoverError(f"{store.path}: this response store {held}, data.store_kv asks for {with_kv} (prepare "
-                                 f"a store with data.store_kv={with_kv}, or unset data.store_kv to compute them)")
-        self.store, self.max_len, self.with_features, self.with_kv = store, max_len, with_features, bool(with_kv)
+            raise CarryoverError(f"{store.path}: this response store {held}, data.store_kv asks for {kv_dtype} "
+                                 f"(prepare a store with data.store_kv={kv_dtype}, or unset data.store_kv to compute "
+                                 "them)")
+        self.store, self.max_len, self.with_features, self.with_kv = store, max_len, with_features, bool(kv_dtype)
         keep = np.flatnonzero(store.loss_counts(max_len) >= max(min_loss_tokens, 1))
         # Equal-length host shards: drop the last (len % multiple_of) records.
         self.indices = keep[: len(keep) - len(keep) % multiple_of]
@@ -115,7 +116,7 @@ def make_train_iter(
     if not 0 <= process_index < process_count:
         raise CarryoverError(f"process_index {process_index} outside [0, {process_count})")
     src = StoreSource(store, max_len=cfg.max_len, min_loss_tokens=cfg.min_loss_tokens,
-                      with_features=with_features, with_kv=cfg.store_kv if with_kv else None,
+                      with_features=with_features, kv_dtype=cfg.store_kv if with_kv else None,
                       multiple_of=process_count)
     if len(src) < batch_size * process_count:
         raise CarryoverError(

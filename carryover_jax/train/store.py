@@ -173,10 +173,10 @@ class ResponseStore:
     ) -> "ResponseStore":
         """Create a store, or reopen one for appending after checking that it was made with the same
         `feature_dim`, `hidden`, `kv_dim` / `kv_dtype` (the per-token K/V rows, `kv_rows.py`) and `meta`
-        (one `CarryoverError` listing every difference: K/V are never added to a store written without). A flattened
-        meta key missing on one side reads as its `meta_defaults` value, so a store written before a
-        config field existed still opens when the field has its default. A store created `indexed`
-        records each record's plan index (an existing store keeps the layout it was created with)."""
+        (one `CarryoverError` listing every difference: K/V are never added to a store written without
+        them). A flattened meta key missing on one side reads as its `meta_defaults` value, so a store
+        written before a config field existed still opens when the field has its default. A store created
+        `indexed` records each record's plan index (an existing store keeps the layout it was created with)."""
         path = Path(path)
         if kv_dim is not None and kv_dtype not in KV_DTYPES:
             raise CarryoverError(f"stored K/V rows need a kv_dtype in {KV_DTYPES}, got {kv_dtype!r}")
@@ -397,8 +397,8 @@ class ResponseStore:
     def append(self, records: Iterable[Mapping[str, Any]], *, skipped: Iterable[str] = ()) -> None:
         """Write records past the pending end (invisible until `commit`). Each record: "id",
         "input_ids" [S], "loss_mask" [S], "features" [S, F] / "last_hidden" [S, d] / "kv" [S, W] when
-        the store has them, and "index" (its plan index) when the store is indexed. `skipped` ids are remembered
-        as done without a record."""
+        the store has them, and "index" (its plan index) when the store is indexed. `skipped` ids are
+        remembered as done without a record."""
         if not self.writable:
             raise CarryoverError(f"{self.path}: opened read-only; use ResponseStore.create_or_open to append")
         records = list(records)
