@@ -335,7 +335,7 @@ def _cmd_bench(args) -> int:
         for r in result["rows"]:
             if dvd:
                 print(f"{r['step']:28s} {r['ms']:8.1f} ms  {r['x_baseline_stored']:.2f}x baseline (stored)  "
-                      f"{r['x_baseline_online']:.2f}x baseline (online)")
+                      f"{r['x_baseline_online']:.2f}x baseline (online)  {r['x_control']:.2f}x control")
                 continue
             print(f"features={r['features']:6s}  {r['steps_per_s']:.3f} steps/s  {r['tokens_per_s']:.0f} tokens/s"
                   + (f"  ({r['speedup_vs_online']}x online)" if "speedup_vs_online" in r else ""))

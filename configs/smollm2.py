@@ -12,7 +12,10 @@ drafter pays for itself from τ ≈ 1.4. What got it there (docs/experiments/reg
 the regenerated data of the previous default (1,000 -> 2,231 conversations) and the KL term (+2% held-out τ at
 equal steps, docs/experiments/kl-distillation/); on 1,000 conversations τ rose only from 1.29 to 1.31
 over the last 300 of 1,200 steps. 64 anchors of 4-token blocks cost what 32 anchors of 8 did. Feature
-layers follow the z-lab spacing for 30 layers: (1, 8, 14, 20, 27).
+layers follow the z-lab spacing for 30 layers: (1, 8, 14, 20, 27). The store also holds every layer's K/V in
+float32 (`data.store_kv`: 46 KB a token, ~18 GB for the ~383k tokens of 2,304 replies, 6.7x the features), so a
+DVD step reads the prefix its verification attends to instead of running the target over the recorded
+sequences: 1.9x a control step instead of 3.3x (docs/benchmarks.md#dvd-and-the-stored-kv).
 """
 
 from carryover_jax.configs import continuation_stages
@@ -27,7 +30,7 @@ CONFIG = TrainConfig(
                         draft_vocab_size=8192),
     data=DataConfig(store="runs/smollm2/data", max_prompts=2304, max_new_tokens=128, max_prompt_tokens=192,
                     gen_batch_size=32, max_len=320, min_loss_tokens=14, store_features=True,
-                    feature_layer_ids=LAYERS),
+                    feature_layer_ids=LAYERS, store_kv="float32"),
     features="store",
     out_dir="runs/smollm2/train",
     batch_size=4,
@@ -41,9 +44,9 @@ CONFIG = TrainConfig(
 )
 
 # The continuation stage: from the finished baseline drafter, DVD training (Carryover) and the equal-steps
-# control, each for 15% of the baseline's steps (the paper: 10 epochs, then +3; DVD runs the target online,
-# ~3-7 s a step here, so 30% would not fit the full preset), same seed so both see the same batches and
-# anchors; and the equal-compute control, the same continuation for as many steps as DVD's measured step
-# time buys (~3x: `train/compute_match.py`). `carryover train --config smollm2:dvd` / `smollm2:control` /
+# control, each for 15% of the baseline's steps (the paper: 10 epochs, then +3; 30% did not fit the full preset
+# when a DVD step cost 3-7 s here), same seed so both see the same batches and anchors; and the
+# equal-compute control, the same continuation for as many steps as DVD's measured step time buys (~1.9x:
+# `train/compute_match.py`). `carryover train --config smollm2:dvd` / `smollm2:control` /
 # `smollm2:control_compute`. (The full preset's eval size is set in carryover_jax/pipeline.py PRESETS.)
 STAGES = continuation_stages(CONFIG, steps=360, lr=3e-4, warmup_ratio=0.05, save_every=120)

@@ -101,7 +101,7 @@ def test_parallel_verify_and_accept_counts_match_sequential_references():
             seq = np.concatenate([ids_np[i, :s_n + 1], np.asarray(props[i, n])])
             # one padded length (one compile): the causal prefix does not see the padding
             padded = np.pad(seq, (0, ids.shape[1] + p - len(seq)))[None]
-            ref = np.asarray(_feats(tp, jnp.asarray(padded))[0])[0, s_n:len(seq)]
+            ref = np.asarray(_feats(tp, jnp.asarray(padded))[0])[0, s_n + 1:len(seq)]  # the proposals' states
             np.testing.assert_allclose(feats[i, n], ref, atol=1e-4)
             a = 0  # slow acceptance: equal to the recording, inside the sequence and the loss mask
             while a < p and s_n + 1 + a < ids.shape[1] and lm_np[i, s_n + 1 + a] and \
@@ -134,7 +134,7 @@ def test_carried_rows_are_the_rejected_verify_states():
                 want = bool(k2[i, n]) and j < r
                 assert valid[i, n * p + j] == want
                 if want:
-                    np.testing.assert_array_equal(rows[i, n * p + j], ver[i, n, acc[i, n] + 1 + j])
+                    np.testing.assert_array_equal(rows[i, n * p + j], ver[i, n, acc[i, n] + j])
                     assert pos[i, n * p + j] == int(anchors[i, n]) + acc[i, n] + 1 + j == int(a2[i, n]) + j
             if acc[i, n] == p:
                 assert not valid[i, n * p:(n + 1) * p].any()

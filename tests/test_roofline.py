@@ -63,15 +63,17 @@ def test_train_costs_match_a_hand_count(tiny):
     body = 2 * LAYER_MACS * q + 2 * (2 * 64 * 64 + 2 * 64 * 32) * tq + 4 * 4 * 16 * q * (16 + 4)
     head = HEAD_FLOPS * r  # the whole vocabulary: the target's frozen head, forward + input gradient
     baseline = features + 3 * body + 2 * head + head  # + the teacher logits of the same rows
-    verify = TOKEN_FLOPS * b * n * 4 + ATTN_PER_KEY * b * n * 4 * (16 + 2.5)
+    # the 3 proposals of each block: the prefix through the anchor (S/2 + 1) + 1..3 of the block's own keys
+    verify = TOKEN_FLOPS * b * n * 3 + ATTN_PER_KEY * b * n * 3 * (16 + 3)
     kw = dict(batch=b, seq=s, anchors=n)
-    t = lambda mode, stored: F.train_flops(tiny.cfg, d.cfg, tiny.params, d.params, mode=mode,  # noqa: E731
-                                           stored_features=stored, **kw)["total"]
+    t = lambda mode, stored, kv=False: F.train_flops(tiny.cfg, d.cfg, tiny.params, d.params, mode=mode,  # noqa: E731
+                                                     stored_features=stored, stored_kv=kv, **kw)["total"]
     assert t("baseline", False) == baseline
     assert t("baseline", True) == baseline - features
     assert t("control", False) == baseline + body + head  # + draft 1
     assert t("control", True) == baseline - features + body + head
     assert t("dvd", True) == t("dvd", False) == baseline + body + head + verify  # DVD runs the target for its K/V
+    assert t("dvd", True, kv=True) == baseline - features + body + head + verify  # unless the store holds them
 
     drafter_params = LAYER_MACS + 2 * 64 + 2 * 16 + 2 * 64 * 64 + 3 * 64  # its layer (q/k norms), fc, 2 norms, e_rej
     c = F.train_cost(tiny.cfg, d.cfg, tiny.params, d.params, mode="baseline", stored_features=True, **kw)
@@ -128,3 +130,16 @@ def test_roofline_runs_a_subset_of_rows(tiny, capsys):
     assert rc == 0, out.err
     paths = [l for l in out.out.splitlines() if l.startswith("| AR step") or l.startswith("| verify")]
     assert len(paths) == 2 and paths[0].startswith("| AR step, batch 1") and paths[1].startswith("| verify(4)")
+
+
+def test_roofline_dvd_row_reads_stored_kv_where_the_config_stores_them(tiny, capsys):
+    from carryover_jax import cli
+
+    rc = cli.main(["bench", "roofline", "--config", "tiny", "--target", str(tiny.path), "--repeats", "1",
+                   "--stream-mb", "4", "--matmul-rows", "1", "--rows", "dvd", "control", "--json", "--set",
+                   "features=store", "--set", "data.store_features=true", "--set", "data.store_kv=float32"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rows = {r["row"]: r for r in json.loads(out.out)["rows"]}
+    assert rows["dvd"]["path"].endswith("stored features and K/V") and rows["control"]["path"].endswith("features")
+    assert math.isfinite(rows["dvd"]["fraction"]) and rows["dvd"]["fraction"] > 0

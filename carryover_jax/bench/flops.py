@@ -107,23 +107,26 @@ def feature_pass_cost(cfg: TargetConfig, params, *, rows: int, seq: int) -> Cost
 TRAIN_FLOPS_DOC = (
     "model FLOPs (2 per multiply-add; backward = 2x forward for trained weights, 1x for frozen ones, which "
     "need only the input gradient): the target forward over the sequence (dense layers + causal attention; "
-    "with stored features only DVD runs it, for the K/V its verification attends to); the drafter over the "
+    "with stored features only DVD runs it, for the K/V its verification attends to, unless the store holds "
+    "them too); the drafter over the "
     "anchors' blocks (fc and the K/V of the context rows, draft layers, attention to each block's context "
     "prefix (mean S/2) + its block), forward + backward, and its head on the P proposal rows (a draft "
     "vocabulary's own head is trained; the target's frozen head needs forward + input gradient); the "
     "target's LM head on the same rows (the aligned teacher logits). DVD and control add draft 1 (drafter "
-    "forward); DVD adds verification (target forward over the blocks' P+1 tokens, attending to their prefix "
+    "forward); DVD adds verification (target forward over the blocks' P proposals, attending to their prefix "
     "+ causally in the block). Element-wise ops, norms, softmax and DVD's carried rows (their K/V, and the "
     "projection module of carry_module=projection) not counted.")
 
 
 def train_flops(tcfg: TargetConfig, dcfg: DrafterConfig, target_params, draft_params, *, batch: int, seq: int,
-                anchors: int, mode: str = "baseline", stored_features: bool = False) -> dict[str, float]:
-    """FLOPs of one training step by part (`TRAIN_FLOPS_DOC` says what is counted)."""
+                anchors: int, mode: str = "baseline", stored_features: bool = False,
+                stored_kv: bool = False) -> dict[str, float]:
+    """FLOPs of one training step by part (`TRAIN_FLOPS_DOC` says what is counted); `stored_kv`: DVD reads the
+    recorded sequences' K/V from the store (with stored features)."""
     t_layers = dense_flops_per_token(target_params["layers"])
     tq = batch * seq
     out = {}
-    if not stored_features or mode == "dvd":
+    if not stored_features or (mode == "dvd" and not stored_kv):
         out["target_features"] = float(t_layers * tq + attention_flops(tcfg, tq, (seq + 1) / 2))
     blk, p = dcfg.block_size, dcfg.num_proposals
     q, r = batch * anchors * blk, batch * anchors * p  # drafter query tokens, proposal rows
@@ -140,19 +143,19 @@ def train_flops(tcfg: TargetConfig, dcfg: DrafterConfig, target_params, draft_pa
     if mode != "baseline":
         out["draft1"] = float(body + d_head)
     if mode == "dvd":
-        p1 = batch * anchors * (p + 1)
-        out["verify"] = float(t_layers * p1 + attention_flops(tcfg, p1, seq / 2 + (p + 2) / 2))
+        rows = batch * anchors * p
+        out["verify"] = float(t_layers * rows + attention_flops(tcfg, rows, seq / 2 + (p + 3) / 2))
     out["total"] = float(sum(out.values()))
     return out
 
 
 def train_cost(tcfg: TargetConfig, dcfg: DrafterConfig, target_params, draft_params, *, batch: int, seq: int,
-               anchors: int, mode: str = "baseline", stored_features: bool = False) -> Cost:
+               anchors: int, mode: str = "baseline", stored_features: bool = False, stored_kv: bool = False) -> Cost:
     """One training step: `train_flops`; bytes = the target's layers where the target runs (online features,
     DVD), its LM head (the embedding where tied), and the drafter's params with Adam's two moments, each
     read once."""
     f = train_flops(tcfg, dcfg, target_params, draft_params, batch=batch, seq=seq, anchors=anchors, mode=mode,
-                    stored_features=stored_features)
+                    stored_features=stored_features, stored_kv=stored_kv)
     head = target_params["embed_tokens"] if tcfg.tie_word_embeddings else target_params["lm_head"]
     b = tree_bytes(head) + 3 * tree_bytes(draft_params)
     if "target_features" in f or "verify" in f:

@@ -22,8 +22,9 @@ roofline). The paths, timed with the other benches' code:
 - `features`: prepare's stored-feature pass (`train.responses.target_features`) over one generation
   batch of `data.max_len` tokens;
 - `baseline` / `dvd` / `control`: one training step of the config on a synthetic batch (`bench train
-  --mode dvd`), stored features where the config stores them; DVD without its carried-withheld
-  diagnostic (not training compute, as the pipeline's equal-compute probe times it);
+  --mode dvd`), stored features where the config stores them (and for DVD the stored K/V where it
+  stores them, `data.store_kv`); DVD without its carried-withheld diagnostic (not training compute, as
+  the pipeline's equal-compute probe times it);
 - `verify3` / `verify7` / `verify15`: verification of P + 1 rows ÷ an AR step at batch 1 (`bench decode
   --breakdown`, the config's drafter with P proposals); the bound is the ratio of their bounds (~1 where
   both stream the weights), so the fraction exceeds 1 where the AR step is further from its own bound than
@@ -211,24 +212,30 @@ def _features_row(cfg, target, machine, seed: int) -> dict[str, Any]:
     layer_ids = tuple(cfg.data.feature_layer_ids or cfg.drafter.target_layer_ids
                       or zlab_layer_ids(target.cfg.num_layers))
     seqs = np.random.default_rng(seed).integers(10, target.cfg.vocab_size, (rows, seq)).tolist()
-    _, s = _twice(lambda: target_features(target, seqs, layer_ids, batch_rows=rows)[-1][0])
+    kv_dtype = cfg.data.store_kv  # prepare stores K/V with its features where the config asks
+    _, s = _twice(lambda: target_features(target, seqs, layer_ids, batch_rows=rows, kv_dtype=kv_dtype)[-1][0])
     b = _bound_of([F.feature_pass_cost(target.cfg, target.params, rows=rows, seq=seq)], machine, target.cfg)
-    return _row("features", f"prepare's feature pass, {rows} x {seq} tokens", s, b)
+    kv = f" (and {kv_dtype} K/V)" if kv_dtype else ""
+    return _row("features", f"prepare's feature pass, {rows} x {seq} tokens{kv}", s, b)
 
 
 def _train_rows(cfg, target, machine, modes, repeats: int) -> list[dict[str, Any]]:
     d = _drafter(cfg, target)
     stored = cfg.features == "store"
-    batch = synthetic_batch(cfg, target, d.cfg, stored=stored)
-    calls = {m: step_call(cfg, target, d.cfg, d.params, batch, mode=m, off_metrics=False) for m in modes}
+    with_kv = synthetic_batch(cfg, target, d.cfg, stored=stored)
+    batch = {k: v for k, v in with_kv.items() if k != "kv"}
+    calls = {m: step_call(cfg, target, d.cfg, d.params, with_kv if m == "dvd" else batch, mode=m, off_metrics=False)
+             for m in modes}
     ms = interleaved_ms(calls, repeats)
     shape = (f"{cfg.batch_size} x {cfg.data.max_len} tokens, {cfg.num_anchors} anchors, "
              f"{'stored' if stored else 'online'} features")
     out = []
     for m in modes:
+        kv = m == "dvd" and "kv" in with_kv
         c = F.train_cost(target.cfg, d.cfg, target.params, d.params, batch=cfg.batch_size, seq=cfg.data.max_len,
-                         anchors=cfg.num_anchors, mode=m, stored_features=stored)
-        out.append(_row(m, f"train step {m}, {shape}", ms[m] / 1e3, _bound_of([c], machine, target.cfg)))
+                         anchors=cfg.num_anchors, mode=m, stored_features=stored, stored_kv=kv)
+        out.append(_row(m, f"train step {m}, {shape}{' and K/V' if kv else ''}", ms[m] / 1e3,
+                        _bound_of([c], machine, target.cfg)))
     return out
 
 

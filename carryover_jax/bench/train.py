@@ -35,6 +35,7 @@ from carryover_jax.errors import ConfigError
 from carryover_jax.loading import load_target
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.target import abstract_params
+from carryover_jax.train.kv_rows import kv_width
 from carryover_jax.train.responses import target_features
 from carryover_jax.train.sharding import LOGICAL_RULES, make_mesh, mesh_sizes
 from carryover_jax.train.step import (compile_step, drafter_shardings, init_state, make_optimizer, state_shardings,
@@ -47,14 +48,17 @@ def _synthetic_store(path: Path, target, cfg: TrainConfig, layer_ids, *, records
     s = cfg.data.max_len
     seqs = [rng.integers(10, target.cfg.vocab_size, s).astype(np.int32).tolist() for _ in range(records)]
     masks = [np.r_[np.zeros(s // 4, np.uint8), np.ones(s - s // 4, np.uint8)] for _ in range(records)]
+    kv = cfg.data.store_kv if features else None
     kw = dict(feature_dim=len(layer_ids) * target.cfg.hidden_size, hidden=target.cfg.hidden_size) if features else {}
+    if kv:
+        kw.update(kv_dim=kv_width(target.cfg), kv_dtype=kv)
     st = ResponseStore.create_or_open(path, meta={"feature_layer_ids": list(layer_ids) if features else []}, **kw)
     recs = []
     for i, (ids, m) in enumerate(zip(seqs, masks)):
         r = {"id": str(i), "input_ids": ids, "loss_mask": m}
         if features:
-            (f, h), = target_features(target, [ids], tuple(layer_ids))
-            r.update(features=f, last_hidden=h)
+            out = target_features(target, [ids], tuple(layer_ids), kv_dtype=kv)[0]
+            r.update(zip(("features", "last_hidden", "kv"), out))
         recs.append(r)
     st.append(recs)
     st.commit()
@@ -73,7 +77,7 @@ def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str,
             store = _synthetic_store(tmp / f"data-{mode}", target, cfg, dcfg.target_layer_ids, records=records,
                                      features=mode == "store")
             run_cfg = cfg.replace(
-                data=dataclasses.replace(cfg.data, store=str(store), min_loss_tokens=1), features=mode, steps=steps,
+                data=dataclasses.replace(cfg.data, store=str(store), min_loss_tokens=2), features=mode, steps=steps,
                 epochs=None, out_dir=str(tmp / f"run-{mode}"), log_every=1, save_every=10 ** 9,
                 async_checkpointing=False, drafter=dataclasses.replace(cfg.drafter, mask_token_id=dcfg.mask_token_id,
                                                                        target_layer_ids=dcfg.target_layer_ids),
@@ -90,7 +94,8 @@ def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str,
 
 def synthetic_batch(cfg: TrainConfig, target, dcfg: DrafterConfig, *, stored: bool) -> dict[str, jax.Array]:
     """One batch of the config's shape: random tokens, the loss mask on the last three quarters; with `stored`,
-    the target's features of it too (what a response store holds)."""
+    the target's features of it too (what a response store holds), and its K/V rows ("kv") where the config
+    stores them (`data.store_kv`)."""
     rng = np.random.default_rng(0)
     b, s = cfg.batch_size, cfg.data.max_len
     ids = rng.integers(10, target.cfg.vocab_size, (b, s)).astype(np.int32)
@@ -98,8 +103,8 @@ def synthetic_batch(cfg: TrainConfig, target, dcfg: DrafterConfig, *, stored: bo
     lm[:, s // 4:] = 1
     batch = {"input_ids": ids, "loss_mask": lm}
     if stored:
-        feats = target_features(target, ids.tolist(), tuple(dcfg.target_layer_ids))
-        batch.update(features=np.stack([f for f, _ in feats]), last_hidden=np.stack([h for _, h in feats]))
+        outs = target_features(target, ids.tolist(), tuple(dcfg.target_layer_ids), kv_dtype=cfg.data.store_kv)
+        batch.update(zip(("features", "last_hidden", "kv"), (np.stack(x) for x in zip(*outs))))
     return {k: jnp.asarray(v) for k, v in batch.items()}
 
 
@@ -131,21 +136,26 @@ def interleaved_ms(calls: dict[str, Any], steps: int) -> dict[str, float]:
 def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
     """Step time of DVD training, of its control and of baseline training with the EDR objective
     (`loss.objective=edr`) against baseline steps on the same batch (stored and online features),
-    interleaved call by call in one process; medians in ms."""
+    interleaved call by call in one process; medians in ms. With `data.store_kv`, DVD both with the stored
+    K/V and with them recomputed (a target pass over the recorded sequences, as without)."""
     from carryover_jax.train.loop import build_drafter
     target = load_target(cfg.target, numerics=cfg.run_numerics())
     dcfg, params = build_drafter(cfg, target)
     b, s = cfg.batch_size, cfg.data.max_len
-    stored = synthetic_batch(cfg, target, dcfg, stored=True)
+    with_kv = synthetic_batch(cfg, target, dcfg, stored=True)
+    stored = {k: v for k, v in with_kv.items() if k != "kv"}
     online = {k: stored[k] for k in ("input_ids", "loss_mask")}
     arms = {"baseline (stored features)": ("baseline", stored), "baseline (online features)": ("baseline", online),
             "baseline + edr objective": ("baseline", stored), "dvd": ("dvd", stored), "control": ("control", stored)}
+    if "kv" in with_kv:
+        arms["dvd (stored K/V)"] = ("dvd", with_kv)
     calls = {name: step_call(cfg, target, dcfg, params, batch, mode=mode, objective="edr" if "edr" in name else "ce")
              for name, (mode, batch) in arms.items()}
     ms = interleaved_ms(calls, steps)
     base = ms["baseline (stored features)"]
     rows = [{"step": k, "ms": round(v, 1), "x_baseline_stored": round(v / base, 2),
-             "x_baseline_online": round(v / ms["baseline (online features)"], 2)} for k, v in ms.items()]
+             "x_baseline_online": round(v / ms["baseline (online features)"], 2),
+             "x_control": round(v / ms["control"], 2)} for k, v in ms.items()]
     return {"benchmark": "train-dvd", "config": cfg.name, "batch_size": b, "max_len": s, "num_anchors": cfg.num_anchors,
             "num_proposals": dcfg.num_proposals, "rows": rows}
 
@@ -183,12 +193,12 @@ def memory_estimate(cfg: TrainConfig, target_cfg: TargetConfig, dcfg: DrafterCon
     }
     if dvd:
         # DVD adds, without gradients: every target layer's prefix K/V of the recorded sequence, the verify
-        # attention of one target layer over the N blocks of P+1 (prefix [N(P+1), S] + block-causal scores),
-        # the verify taps of all blocks, and draft 1's vocabulary logits (chunked like the loss)
+        # attention of one target layer over the N blocks of P (prefix [N P, S] + block-causal scores), the
+        # verify taps of all blocks, and draft 1's vocabulary logits (chunked like the loss)
         tkv = target_cfg.num_layers * 2 * local_b * s * target_cfg.num_kv_heads * target_cfg.head_dim * act_dt
-        nv = n * (dcfg.num_proposals + 1)
+        nv = n * dcfg.num_proposals
         out["dvd_prefix_kv_gb"] = tkv / 1e9
-        out["dvd_verify_scores_gb"] = local_b * target_cfg.num_heads * nv * (s + dcfg.num_proposals + 1) * 4 / 1e9
+        out["dvd_verify_scores_gb"] = local_b * target_cfg.num_heads * nv * (s + dcfg.num_proposals) * 4 / 1e9
         out["dvd_verify_features_gb"] = local_b * nv * len(dcfg.target_layer_ids) * target_cfg.hidden_size * act_dt / 1e9
         out["dvd_draft1_logits_gb"] = rows * target_cfg.vocab_size * 4 / 1e9
     out["total_gb"] = sum(v for k, v in out.items() if k.endswith("_gb"))

@@ -35,6 +35,11 @@ class DataConfig:
     seed: int = 0
     store_features: bool = False  # also store target features (the "feature store") at prepare time
     feature_layer_ids: tuple[int, ...] = ()
+    # with store_features: also store every target layer's K/V of each record, in this dtype ("float32" /
+    # "bfloat16"), so that DVD steps with features="store" read the prefix their verification attends to instead
+    # of running the target over the recorded sequences (train/kv_rows.py). SmolLM2: 46 KB a token in float32,
+    # 6.7x the stored features. None: no K/V (DVD computes them)
+    store_kv: str | None = None
     max_len: int = 1024  # training sequence length: records are truncated / right-padded to it
     min_loss_tokens: int = 14
     # prepare's numerics where set (generation and the feature pass), else the run's (TrainConfig.numerics);
@@ -59,6 +64,11 @@ class DataConfig:
         if not isinstance(self.feature_layer_ids, tuple):  # JSON gives a list; keep the config hashable
             object.__setattr__(self, "feature_layer_ids", tuple(self.feature_layer_ids or ()))
         B.check_ids("data.feature_layer_ids", self.feature_layer_ids, low=-1)
+        if self.store_kv not in (None, "float32", "bfloat16"):
+            raise ConfigError(f"data.store_kv must be None, 'float32' or 'bfloat16', got {self.store_kv!r}")
+        if self.store_kv is not None and not self.store_features:
+            raise ConfigError("data.store_kv needs data.store_features (with online features DVD's one target pass "
+                              "gives the K/V too)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -88,9 +98,9 @@ class LossConfig:
     # "baseline": parallel training on sampled anchors. "dvd": parallel draft-verify-draft -- draft 1 at the
     # anchors (no gradient), the frozen target verifies every block, draft 2 is trained at the shifted anchors
     # with the rejected verify states carried (trains e_rej). "control": the same DVD step with the carried rows
-    # withheld -- the equal-compute control. DVD always runs the target online for verification (the feature
-    # store holds taps, not K/V); with features="store" the context rows still come from the store, so dvd and
-    # control differ only by the carried rows.
+    # withheld -- the equal-compute control. DVD always runs the target online for verification; with
+    # features="store" the context rows still come from the store (so dvd and control differ only by the carried
+    # rows), and with data.store_kv the recorded prefix's K/V too (no target pass over the recorded sequences).
     mode: str = "baseline"
     carry: str = "hidden"  # dvd: what draft 2 sees at the rejected positions (CARRY_INTERFACES; train/dvd.py)
     off_metrics: bool = True  # dvd: also log draft 2 with the carried rows withheld (off/*), no gradient
@@ -230,6 +240,12 @@ class TrainConfig:
     def with_loss(self, **kw) -> "TrainConfig":
         """A copy with these `loss` fields changed (`cfg.with_loss(mode="dvd")`)."""
         return dataclasses.replace(self, loss=dataclasses.replace(self.loss, **kw))
+
+    @property
+    def reads_stored_kv(self) -> bool:
+        """Whether the step takes the recorded sequences' K/V from the store (batch key "kv"): DVD with stored
+        features from a store prepared with `data.store_kv`."""
+        return self.loss.mode == "dvd" and self.features == "store" and self.data.store_kv is not None
 
     @property
     def step_loss(self) -> LossConfig:

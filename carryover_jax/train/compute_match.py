@@ -10,7 +10,7 @@ what DVD training costs. Checkpointing, logging and snapshots are outside the ti
 accumulation (`grad_accum_steps` = k, the same in both) the timed calls are micro-steps: either step is k of
 them, so their ratio is the steps' ratio.
 
-Why measured time and not FLOPs: the two steps differ by a frozen-target forward over N(P+1) verify
+Why measured time and not FLOPs: the two steps differ by a frozen-target forward over N·P verify
 tokens (online) and a second drafter context pass; on this CPU XLA's small-matmul efficiency differs
 between them, so counted FLOPs would not say what the control could have run in DVD's time. Why a probe
 and not DVD's `metrics.jsonl`: its steps/s include the diagnostic forward and checkpoint saves, and it ran
@@ -99,10 +99,12 @@ def probe_step_times(dvd: TrainConfig, control: TrainConfig, *, steps: int = 6,
             runs[name] = [sc, opt, ssh, jax.device_put(init_state(params, opt, cfg.seed), ssh), None]
         target_params = jax.device_put(target.params, tsh)
         it = make_train_iter(dvd.data, store, batch_size=local, seed=dvd.seed, process_index=jax.process_index(),
-                             process_count=jax.process_count(), with_features=dvd.features == "store")
+                             process_count=jax.process_count(), with_features=dvd.features == "store",
+                             with_kv=dvd.reads_stored_kv)
         batches = [{k: np.asarray(v) for k, v in next(it).items() if k in BATCH_KEYS} for _ in range(steps + 1)]
-        for i, batch in enumerate(batches):
+        for i, full in enumerate(batches):
             for name in ("dvd", "control"):
+                batch = full if name == "dvd" else {k: v for k, v in full.items() if k != "kv"}  # as its run reads
                 sc, opt, ssh, state, fn = runs[name]
                 if fn is None:
                     fn = compile_step(sc, opt, mesh, ssh, tsh, {k: v.ndim for k, v in batch.items()})

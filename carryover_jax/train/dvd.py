@@ -4,13 +4,17 @@ For every sequence, N anchors s_n are sampled as in baseline training; then, for
 
 1. draft 1 (no gradient): the drafter proposes d_1..d_P at every anchor exactly as when decoding —
    greedy, the Markov head sequential over slots, no carried rows;
-2. verify (frozen target, no gradient): one target pass over the N blocks [x_{s_n}, d_1..d_P], each
-   attending causally to itself (`Blockwise(causal=True)`) and to the recorded sequence's K/V before
-   its anchor. a_n = the longest prefix of proposals equal to the recorded continuation (the recorded
-   response is the target's own greedy output, so this is T=0 acceptance); padding and the loss mask
-   end a block;
+2. verify (frozen target, no gradient): one target pass over the N blocks [d_1..d_P] at positions
+   s_n+1..s_n+P, each attending causally to itself (`Blockwise(causal=True)`) and to the recorded
+   sequence's K/V up to and including its anchor. (Decoding verifies [x_{s_n}, d_1..d_P]; the anchor's
+   row there attends to the recorded prefix and is the recorded token at its own position, so its K/V
+   are the recorded sequence's at s_n, and its state is never carried: the P rows give the same states.)
+   The recorded K/V come from the store (`data.store_kv`, `train/kv_rows.py`) or from a target pass
+   over the recorded sequences. a_n = the longest prefix of proposals equal to the recorded
+   continuation (the recorded response is the target's own greedy output, so this is T=0 acceptance);
+   padding and the loss mask end a block;
 3. draft 2 (trained): anchors s_n + a_n + 1 with the loss of baseline training; carried = block n's
-   verify states at the rejected indices a_n+1..P (count P - a_n, padded to P, masked by count), seen
+   verify states of the rejected proposals d_{a_n+1}..d_P (count P - a_n, padded to P, masked by count), seen
    only by the shifted block n. `mode="control"` withholds them: the equal-compute control, which is
    a baseline step at the shifted anchors.
 
@@ -32,6 +36,7 @@ from carryover_jax.models.drafter import Drafter, frozen_from_target, to_target_
 from carryover_jax.models.layers import Blockwise, Prefix
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train import anchors as A
+from carryover_jax.train.kv_rows import unpack_kv
 from carryover_jax.train.losses import (anchor_metrics, batch_features, block_loss, chunked_rows, proposal_hidden,
                                        target_greedy_labels)
 from carryover_jax.train.step_config import StepConfig
@@ -130,27 +135,24 @@ def recorded_kv(sc: StepConfig, target_params, ids: Array):
 
 def verify_blocks(sc: StepConfig, target_params, ids: Array, anchors: Array, keep: Array, proposals: Array,
                   *, with_hidden: bool = False, kv=None):
-    """The frozen target over all N blocks [x_{s_n}, d_1..d_P] at positions s_n..s_n+P, each block
-    causal in itself and seeing the recorded sequence before its anchor (`kv`: its per-layer K/V, computed
-    here when not given). Returns the concatenated taps [B, N, P+1, m·d] (and the final-normed hidden
-    [B, N, P+1, d] with `with_hidden`)."""
+    """The frozen target over all N blocks of proposals [d_1..d_P] at positions s_n+1..s_n+P, each block
+    causal in itself and seeing the recorded sequence up to its anchor (`kv`: its per-layer K/V, computed
+    here when not given). Returns the concatenated taps [B, N, P, m·d] (and the final-normed hidden
+    [B, N, P, d] with `with_hidden`): index i is the state of d_{i+1}."""
     b = ids.shape[0]
     n, p = proposals.shape[1:]
-    tv = p + 1
     kv = recorded_kv(sc, target_params, ids) if kv is None else kv
-    first = jnp.take_along_axis(ids, anchors, axis=1)
-    tokens = jnp.concatenate([first[..., None], proposals], axis=-1).reshape(b, n * tv)
-    positions = (anchors[..., None] + jnp.arange(tv)).reshape(b, n * tv)
-    # block n sees the recorded sequence before its anchor: a per-query key limit (never a [N*(P+1), S]
-    # mask in the fused attention backends)
-    prefix = Prefix(jnp.repeat(jnp.where(keep, anchors, 0), tv, axis=1).astype(jnp.int32))
-    taps, last = TargetLM(sc.target).apply({"params": target_params}, tokens, positions, kv, prefix,
-                                           Blockwise(n, causal=True), sc.drafter.target_layer_ids,
+    positions = (anchors[..., None] + 1 + jnp.arange(p)).reshape(b, n * p)
+    # block n sees the recorded sequence through its anchor: a per-query key limit (never a [N*P, S] mask in
+    # the fused attention backends)
+    prefix = Prefix(jnp.repeat(jnp.where(keep, anchors + 1, 0), p, axis=1).astype(jnp.int32))
+    taps, last = TargetLM(sc.target).apply({"params": target_params}, proposals.reshape(b, n * p), positions, kv,
+                                           prefix, Blockwise(n, causal=True), sc.drafter.target_layer_ids,
                                            method=TargetLM.with_context)
-    feats = jax.lax.stop_gradient(jnp.concatenate(taps, axis=-1).reshape(b, n, tv, -1))
+    feats = jax.lax.stop_gradient(jnp.concatenate(taps, axis=-1).reshape(b, n, p, -1))
     if not with_hidden:
         return feats
-    return feats, jax.lax.stop_gradient(last.reshape(b, n, tv, -1))
+    return feats, jax.lax.stop_gradient(last.reshape(b, n, p, -1))
 
 
 def shifted_anchors(lm: Array, anchors: Array, keep: Array, accepted: Array) -> tuple[Array, Array]:
@@ -164,15 +166,15 @@ def shifted_anchors(lm: Array, anchors: Array, keep: Array, accepted: Array) -> 
 def carried_rows(sc: StepConfig, target_params, ids, anchors, keep, proposals, accepted, anchors2, keep2, *,
                  kv=None):
     """Draft 2's carried rows: rows [B, N*P, ...], positions [B, N*P], valid [B, N*P]. Row j of block n
-    is the verify state at index a_n + 1 + j (position s'_n + j), valid iff j < P - a_n. `kv`: the
+    is the verify state of proposal d_{a_n + 1 + j} (position s'_n + j), valid iff j < P - a_n. `kv`: the
     recorded sequences' per-layer K/V when already computed."""
     b, n, p = proposals.shape
     j = jnp.arange(p)
-    idx = jnp.minimum(accepted[..., None] + 1 + j, p)  # verify index [B, N, P]
+    idx = jnp.minimum(accepted[..., None] + j, p - 1)  # proposal index [B, N, P]
     valid = (j < p - accepted[..., None]) & keep2[..., None]
     positions = anchors2[..., None] + j
-    if sc.loss.carry == "draft_tokens":  # verify index i >= 1 holds d_i = proposals[i - 1]
-        rows = jnp.take_along_axis(proposals, jnp.maximum(idx - 1, 0), axis=-1)
+    if sc.loss.carry == "draft_tokens":
+        rows = jnp.take_along_axis(proposals, idx, axis=-1)
     elif sc.loss.carry == "target_tokens":  # the target's greedy token from each rejected state
         _, last = verify_blocks(sc, target_params, ids, anchors, keep, proposals, with_hidden=True, kv=kv)
         hid = jnp.take_along_axis(last, idx[..., None], axis=2)
@@ -234,6 +236,8 @@ def dvd_loss(params, sc: StepConfig, target_params, batch, rng, part=(0, 1)):
         feats, last = jax.lax.stop_gradient(jnp.concatenate(taps, -1)), jax.lax.stop_gradient(last)
     else:
         feats, last = batch_features(sc, target_params, batch)
+        if sc.loss.mode == "dvd" and "kv" in batch:  # the store's K/V: no target pass over the recorded sequences
+            kv = unpack_kv(sc.target, batch["kv"])
     frozen = frozen_from_target(target_params, sc.target)
     r = rollout(sc, params, target_params, frozen, batch, feats, last, rng, carried=sc.loss.mode == "dvd", kv=kv,
                 part=part)

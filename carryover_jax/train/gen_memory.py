@@ -11,13 +11,15 @@ reuses a finished layer's buffers) at the larger of the two device passes:
   scores and probabilities over the cache's slots (unless a fused attention kernel runs: pallas,
   cudnn, or auto on CUDA), and the float32 logits the sampler works on;
 - the feature pass of `store_features` (no cache): one record of max_prompt_tokens + max_new_tokens
-  tokens per row, its tapped layers kept in the compute dtype and as bfloat16.
+  tokens per row, its tapped layers kept in the compute dtype and as bfloat16 (with `store_kv`, every
+  layer's K/V too, in the compute dtype and the stored one).
 The budget is per process: `prepare` runs its target on one device.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from carryover_jax.bounds import SIZE_MAX
 from carryover_jax.config import DataConfig, TargetConfig
@@ -25,6 +27,7 @@ from carryover_jax.decode.generate import plan_lengths
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.target import new_cache
 from carryover_jax.numerics import canonical_platform
+from carryover_jax.train.kv_rows import kv_width
 
 GB = 1e9
 DEVICE_FRACTION = 0.9  # of a device's free memory: headroom for XLA's temporaries and fragmentation
@@ -73,6 +76,8 @@ def generation_bytes(cfg: DataConfig, tcfg: TargetConfig, batch: int, platform: 
     if cfg.store_features:
         length = -(-(cfg.max_prompt_tokens + cfg.max_new_tokens) // FEATURE_BUCKET) * FEATURE_BUCKET
         taps = (len(cfg.feature_layer_ids) + 1) * tcfg.hidden_size * (tcfg.numerics.compute.itemsize + 2)
+        if cfg.store_kv:
+            taps += kv_width(tcfg) * (tcfg.numerics.compute.itemsize + jnp.dtype(cfg.store_kv).itemsize)
         features = _layer_bytes(tcfg, batch, length, length, dense) + batch * length * taps
         if features > total:
             cache, act, total = 0, features, features

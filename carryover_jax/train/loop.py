@@ -35,7 +35,7 @@ from carryover_jax.train.store import open_store
 from carryover_jax.train.vocab import draft_vocabulary, token_counts
 from carryover_jax.weights.drafter_formats import drafter_config_to_dict, save_drafter
 
-BATCH_KEYS = ("input_ids", "loss_mask", "features", "last_hidden")
+BATCH_KEYS = ("input_ids", "loss_mask", "features", "last_hidden", "kv")
 
 
 def build_drafter(cfg: TrainConfig, target, store=None):
@@ -170,7 +170,7 @@ def _train(cfg: TrainConfig, out: Path, *, progress: bool, stop_at_step: int | N
         ssh = state_shardings(state, psh, mesh)
         data_iter = make_train_iter(
             cfg.data, store, batch_size=local_micro, seed=cfg.seed, process_index=jax.process_index(),
-            process_count=jax.process_count(), with_features=cfg.features == "store",
+            process_count=jax.process_count(), with_features=cfg.features == "store", with_kv=cfg.reads_stored_kv,
         )
         ckpt = Checkpointer(out / "checkpoints", save_every=cfg.save_every, keep=cfg.keep_checkpoints,
                             async_save=cfg.async_checkpointing)

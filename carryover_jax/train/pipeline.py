@@ -15,7 +15,7 @@ import numpy as np
 
 from carryover_jax.config import DataConfig
 from carryover_jax.errors import CarryoverError
-from carryover_jax.train.store import BF16, ResponseStore, StoreView
+from carryover_jax.train.store import ResponseStore, StoreView
 
 
 class StoreSource:
@@ -29,12 +29,17 @@ class StoreSource:
     """
 
     def __init__(self, store: StoreView | ResponseStore, *, max_len: int, min_loss_tokens: int,
-                 with_features: bool = False, multiple_of: int = 1):
+                 with_features: bool = False, kv_dtype: str | None = None, multiple_of: int = 1):
         if with_features and store.feature_dim is None:
             raise CarryoverError(
                 f"{store.path}: this response store has no target features (prepare it with store_features)"
             )
-        self.store, self.max_len, self.with_features = store, max_len, with_features
+        if kv_dtype and store.kv_dtype != kv_dtype:
+            held = f"holds {store.kv_dtype} K/V" if store.kv_dtype else "holds no target K/V"
+            raise CarryoverError(f"{store.path}: this response store {held}, data.store_kv asks for {kv_dtype} "
+                                 f"(prepare a store with data.store_kv={kv_dtype}, or unset data.store_kv to compute "
+                                 "them)")
+        self.store, self.max_len, self.with_features, self.with_kv = store, max_len, with_features, bool(kv_dtype)
         keep = np.flatnonzero(store.loss_counts(max_len) >= max(min_loss_tokens, 1))
         # Equal-length host shards: drop the last (len % multiple_of) records.
         self.indices = keep[: len(keep) - len(keep) % multiple_of]
@@ -43,7 +48,8 @@ class StoreSource:
         return len(self.indices)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        rec = self.store.get(int(self.indices[index]), max_len=self.max_len, features=self.with_features)
+        rec = self.store.get(int(self.indices[index]), max_len=self.max_len, features=self.with_features,
+                             kv=self.with_kv)
         n, S = len(rec["input_ids"]), self.max_len
         out = {
             "input_ids": np.zeros(S, np.int32),
@@ -52,16 +58,16 @@ class StoreSource:
         }
         out["input_ids"][:n] = rec["input_ids"]
         out["loss_mask"][:n] = rec["loss_mask"]
-        if self.with_features:
-            for name in ("features", "last_hidden"):
-                x = np.zeros((S, rec[name].shape[1]), BF16)
+        for name in ("features", "last_hidden", "kv"):
+            if name in rec:  # zero rows past the record: never a key (DVD's prefix ends at an anchor inside it)
+                x = np.zeros((S, rec[name].shape[1]), rec[name].dtype)
                 x[:n] = rec[name]
                 out[name] = x
         return out
 
     def __repr__(self) -> str:  # grain uses it to identify the source in checkpoints
         return (f"StoreSource(path={str(self.store.path)!r}, records={len(self)}, max_len={self.max_len}, "
-                f"features={self.with_features})")
+                f"features={self.with_features}{', kv=True' if self.with_kv else ''})")
 
 
 class HostBlocks(grain.MapDataset):
@@ -96,10 +102,12 @@ def make_train_iter(
     process_index: int = 0,
     process_count: int = 1,
     with_features: bool = False,
+    with_kv: bool = False,
     read_threads: int = 4,
 ) -> grain.DatasetIterator:
     """Batches of {"input_ids" int32[B, S], "loss_mask" int32[B, S], "length" int32[B]} (+ "features"
-    bf16[B, S, F] and "last_hidden" bf16[B, S, d] with `with_features`), S = cfg.max_len.
+    bf16[B, S, F] and "last_hidden" bf16[B, S, d] with `with_features`, + "kv" [B, S, W] in the store's K/V
+    dtype, which must be `cfg.store_kv`, with `with_kv`), S = cfg.max_len.
 
     Every host shuffles the same permutation (same seed; reshuffled each epoch by grain) and takes its
     contiguous share of each global batch (`HostBlocks`), so hosts never share a record and the global
@@ -108,7 +116,8 @@ def make_train_iter(
     if not 0 <= process_index < process_count:
         raise CarryoverError(f"process_index {process_index} outside [0, {process_count})")
     src = StoreSource(store, max_len=cfg.max_len, min_loss_tokens=cfg.min_loss_tokens,
-                      with_features=with_features, multiple_of=process_count)
+                      with_features=with_features, kv_dtype=cfg.store_kv if with_kv else None,
+                      multiple_of=process_count)
     if len(src) < batch_size * process_count:
         raise CarryoverError(
             f"{store.path}: {len(src)} usable records (min_loss_tokens={cfg.min_loss_tokens} within max_len="

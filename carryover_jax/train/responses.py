@@ -39,6 +39,7 @@ from carryover_jax.errors import CarryoverError, ConfigError
 from carryover_jax.io import exclusive
 from carryover_jax.models.target import TargetLM
 from carryover_jax.train.gen_memory import FEATURE_BUCKET, generation_batch
+from carryover_jax.train.kv_rows import kv_width, pack_kv
 from carryover_jax.train.sources import Conversation, conversations
 from carryover_jax.train.store import ResponseStore, shard_path
 
@@ -50,7 +51,7 @@ SORT_WINDOW = 8  # batches whose conversations are sorted by prompt length toget
 # (max_prompts may grow between runs to extend a store; gen_batch_size / gen_memory_gb only group the work.)
 CONTENT_FIELDS = ("source", "split", "heldout_per_mille", "responses", "max_turns", "max_prompt_tokens",
                   "max_new_tokens", "temperature", "top_p", "top_k", "seed", "store_features", "feature_layer_ids",
-                  "min_loss_tokens")
+                  "store_kv", "min_loss_tokens")
 
 
 def store_meta(cfg: DataConfig, target) -> dict[str, Any]:
@@ -263,15 +264,20 @@ def _trailing_zeros(mask: list[int]) -> int:
 
 
 # ---- target features ---------------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=("cfg", "layer_ids"))
-def _features(params, tokens, *, cfg: TargetConfig, layer_ids: tuple[int, ...]):
-    """`TargetLM.features` (the one the training step runs online), concatenated and stored as bfloat16."""
-    taps, last = TargetLM(cfg).apply({"params": params}, tokens, layer_ids, method=TargetLM.features)
-    return jnp.concatenate(taps, axis=-1).astype(jnp.bfloat16), last.astype(jnp.bfloat16)
+@functools.partial(jax.jit, static_argnames=("cfg", "layer_ids", "kv_dtype"))
+def _features(params, tokens, *, cfg: TargetConfig, layer_ids: tuple[int, ...], kv_dtype: str | None):
+    """`TargetLM.features` (the one the training step runs online), concatenated and stored as bfloat16; with
+    `kv_dtype`, every layer's K/V too, as rows (`kv_rows.pack_kv`) in that dtype."""
+    taps, last, ks, vs = TargetLM(cfg).apply({"params": params}, tokens, layer_ids, method=TargetLM.features,
+                                             with_kv=True)
+    out = (jnp.concatenate(taps, axis=-1).astype(jnp.bfloat16), last.astype(jnp.bfloat16))
+    return out if kv_dtype is None else out + (pack_kv(ks, vs).astype(kv_dtype),)
 
 
-def target_features(target, sequences: list[list[int]], layer_ids: tuple[int, ...], *, batch_rows: int | None = None):
-    """Per sequence: (features [S, len(layer_ids) * d], last_hidden [S, d]) as bfloat16 numpy arrays.
+def target_features(target, sequences: list[list[int]], layer_ids: tuple[int, ...], *, batch_rows: int | None = None,
+                    kv_dtype: str | None = None):
+    """Per sequence: (features [S, len(layer_ids) * d], last_hidden [S, d]) as bfloat16 numpy arrays, and with
+    `kv_dtype` its K/V rows [S, kv_width] in that dtype as a third.
 
     Sequences are right-padded (causal attention: padding never reaches real positions) to a multiple of
     `FEATURE_BUCKET` tokens and to `batch_rows` rows. This pass is most of prepare's time: a power-of-two
@@ -282,9 +288,9 @@ def target_features(target, sequences: list[list[int]], layer_ids: tuple[int, ..
     rows = max(batch_rows or len(sequences), len(sequences))
     length = -(-max(map(len, sequences)) // FEATURE_BUCKET) * FEATURE_BUCKET
     padded = pad_batch(sequences + [[0]] * (rows - len(sequences)), length)
-    feats, last = jax.device_get(_features(target.params, jnp.asarray(padded), cfg=target.cfg,
-                                           layer_ids=tuple(layer_ids)))
-    return [(np.asarray(feats[i, : len(s)]), np.asarray(last[i, : len(s)])) for i, s in enumerate(sequences)]
+    out = jax.device_get(_features(target.params, jnp.asarray(padded), cfg=target.cfg, layer_ids=tuple(layer_ids),
+                                   kv_dtype=kv_dtype))
+    return [tuple(np.asarray(x[i, : len(s)]) for x in out) for i, s in enumerate(sequences)]
 
 
 # ---- the driver --------------------------------------------------------------------------------------
@@ -320,7 +326,9 @@ def _fill(cfg: DataConfig, target, folder: Path, *, progress: bool, stop_after_b
         meta["shard"] = {"index": shard, "count": num_shards}
     store = ResponseStore.create_or_open(
         folder, feature_dim=len(cfg.feature_layer_ids) * d if feats else None, hidden=d if feats else None,
-        meta=meta, meta_defaults={"target_config": target_config_defaults(), "data": {"responses": "regenerate"}},
+        kv_dim=kv_width(target.cfg) if cfg.store_kv else None, kv_dtype=cfg.store_kv, meta=meta,
+        meta_defaults={"target_config": target_config_defaults(),
+                       "data": {"responses": "regenerate", "store_kv": None}},
         indexed=True,
     )
     done = store.done_ids()
@@ -337,10 +345,10 @@ def _fill(cfg: DataConfig, target, folder: Path, *, progress: bool, stop_after_b
                 for r in records:
                     r["index"] = plan_index[r["id"]]
                 if feats:
-                    pairs = target_features(target, [r["input_ids"] for r in records], cfg.feature_layer_ids,
-                                            batch_rows=size)
-                    for r, (f, h) in zip(records, pairs):
-                        r["features"], r["last_hidden"] = f, h
+                    outs = target_features(target, [r["input_ids"] for r in records], cfg.feature_layer_ids,
+                                           batch_rows=size, kv_dtype=cfg.store_kv)
+                    for r, out in zip(records, outs):
+                        r.update(zip(("features", "last_hidden", "kv"), out))
                 store.append(records, skipped=skipped)
                 store.commit()
                 processed += 1

@@ -2,8 +2,9 @@
 
 Layout of a store folder (levanter's jagged-array pattern: flat data + offsets):
 
-    meta.json          format, version, feature_dim, hidden, and the caller's `meta` (target, layers,
-                       chat-template hash, data settings); fixed at creation, checked on every reopen
+    meta.json          format, version, feature_dim, hidden, kv_dim, kv_dtype, and the caller's `meta`
+                       (target, layers, chat-template hash, data settings); fixed at creation, checked on
+                       every reopen
     commit.json        {"records": n, "tokens": T, "ids_bytes": .., "skipped_bytes": ..}: what is visible
     tokens/            zarr3 int32  [T]        all records' input ids, back to back
     loss_mask/         zarr3 uint8  [T]
@@ -12,6 +13,8 @@ Layout of a store folder (levanter's jagged-array pattern: flat data + offsets):
                                                prepare's global prompt plan, the order training reads
     features/          zarr3 bf16   [T, F]     optional: target features of the chosen layers
     last_hidden/       zarr3 bf16   [T, d]     optional: final-normed last hidden state
+    kv/                zarr3 kv_dtype [T, W]   optional: every target layer's K/V (`train/kv_rows.py`), the
+                                               recorded prefix DVD's verification attends to (float32 or bf16)
     ids.jsonl          one JSON string per record: its source conversation id
     skipped.jsonl      ids processed but dropped (too few loss tokens), so a resumed run skips them too
     complete.json      written when a prepare pass has finished (removed by the next append): what it planned
@@ -55,10 +58,17 @@ FEATURE_CHUNK_BYTES = 4 << 20  # ~4 MiB chunks for the per-token feature rows
 READ_CHUNK = 1 << 24  # tokens per read of a whole-store scan: 16 MiB of masks, 64 MiB of token ids
 SHARD_GLOB = "shard-*-of-*"
 BF16 = ml_dtypes.bfloat16
+_NP = {"bfloat16": BF16, "float32": np.float32}
 
 # name -> (zarr3 dtype, numpy dtype, compress): token arrays compress well, bf16 activations do not.
 _FLAT = {"tokens": ("int32", np.int32, True), "loss_mask": ("uint8", np.uint8, True)}
-_ROWS = {"features": "feature_dim", "last_hidden": "hidden"}
+# per-token row arrays: name -> the meta.json key of their width (kv: its dtype under "kv_dtype", else bf16)
+_ROWS = {"features": "feature_dim", "last_hidden": "hidden", "kv": "kv_dim"}
+KV_DTYPES = ("float32", "bfloat16")
+
+
+def _row_dtype(info: Mapping[str, Any], name: str) -> str:
+    return info["kv_dtype"] if name == "kv" else "bfloat16"
 
 
 def _spec(folder: Path, name: str) -> dict:
@@ -77,8 +87,8 @@ def _create_array(folder: Path, name: str, dtype: str, row: Sequence[int], chunk
     ts.open({**_spec(folder, name), "metadata": metadata}, create=True).result()
 
 
-def _row_chunk(width: int) -> int:
-    rows = max(1, FEATURE_CHUNK_BYTES // (2 * width))
+def _row_chunk(width: int, itemsize: int) -> int:
+    rows = max(1, FEATURE_CHUNK_BYTES // (itemsize * width))
     return 1 << (rows.bit_length() - 1)  # a power of two, so chunks align with typical appends
 
 
@@ -98,7 +108,8 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class ResponseStore:
-    """Committed records: `len(store)`, `store[i]` -> {"input_ids", "loss_mask"[, "features", "last_hidden"]}."""
+    """Committed records: `len(store)`, `store[i]` -> {"input_ids", "loss_mask"[, "features", "last_hidden"]}
+    (`get(i, kv=True)`: also "kv")."""
 
     def __init__(self, path: str | os.PathLike, *, writable: bool = False):
         self.path = Path(path)
@@ -110,12 +121,16 @@ class ResponseStore:
         self.info = read_json(info_file, "response store metadata", error=DataError)
         if self.info.get("format") != FORMAT or self.info.get("version") != VERSION:
             raise DataError(f"{self.path}: not a version-{VERSION} response store (meta.json)")
-        for k in ("feature_dim", "hidden"):
+        for k in ("feature_dim", "hidden", "kv_dim"):
             v = self.info.get(k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise DataError(f"invalid {k} {v!r} in response store metadata {info_file}")
+        if self.info.get("kv_dim") and self.info.get("kv_dtype") not in KV_DTYPES:
+            raise DataError(f"invalid kv_dtype {self.info.get('kv_dtype')!r} in response store metadata {info_file}")
         self.feature_dim: int | None = self.info.get("feature_dim")
         self.hidden: int | None = self.info.get("hidden")
+        self.kv_dim: int | None = self.info.get("kv_dim")
+        self.kv_dtype: str | None = self.info.get("kv_dtype") if self.kv_dim else None
         self.writable = writable
         names = ["tokens", "loss_mask", "offsets"] + [n for n, k in _ROWS.items() if self.info.get(k)]
         if (self.path / "plan_index").is_dir():
@@ -123,7 +138,7 @@ class ResponseStore:
         self._arrays = {n: self._open_array(n) for n in names}
         for n, arr in self._arrays.items():
             want_dtype = {"tokens": "int32", "loss_mask": "uint8", "offsets": "int64",
-                          "plan_index": "int64"}.get(n, "bfloat16")
+                          "plan_index": "int64"}.get(n) or _row_dtype(self.info, n)
             want_rank = 2 if n in _ROWS else 1
             if str(arr.dtype.numpy_dtype) != want_dtype or arr.rank != want_rank or (
                     n in _ROWS and arr.shape[1] != self.info[_ROWS[n]]):
@@ -150,18 +165,25 @@ class ResponseStore:
         *,
         feature_dim: int | None = None,
         hidden: int | None = None,
+        kv_dim: int | None = None,
+        kv_dtype: str | None = None,
         meta: Mapping[str, Any] | None = None,
         meta_defaults: Mapping[str, Any] | None = None,
         indexed: bool = False,
     ) -> "ResponseStore":
         """Create a store, or reopen one for appending after checking that it was made with the same
-        `feature_dim`, `hidden` and `meta` (one `CarryoverError` listing every difference). A flattened
-        meta key missing on one side reads as its `meta_defaults` value, so a store written before a
-        config field existed still opens when the field has its default. A store created `indexed`
-        records each record's plan index (an existing store keeps the layout it was created with)."""
+        `feature_dim`, `hidden`, `kv_dim` / `kv_dtype` (the per-token K/V rows, `kv_rows.py`) and `meta`
+        (one `CarryoverError` listing every difference: K/V are never added to a store written without
+        them). A flattened meta key missing on one side reads as its `meta_defaults` value, so a store
+        written before a config field existed still opens when the field has its default. A store created
+        `indexed` records each record's plan index (an existing store keeps the layout it was created with)."""
         path = Path(path)
+        if kv_dim is not None and kv_dtype not in KV_DTYPES:
+            raise CarryoverError(f"stored K/V rows need a kv_dtype in {KV_DTYPES}, got {kv_dtype!r}")
         want = {"format": FORMAT, "version": VERSION, "feature_dim": feature_dim, "hidden": hidden,
                 "meta": _jsonable(dict(meta or {}))}
+        if kv_dim is not None:  # absent otherwise: meta.json of a store without K/V is as before
+            want.update(kv_dim=kv_dim, kv_dtype=kv_dtype)
         if not (path / "meta.json").is_file():
             if path.exists() and any(path.iterdir()):
                 raise CarryoverError(f"{path}: exists and is not a response store; choose an empty or new folder")
@@ -170,9 +192,9 @@ class ResponseStore:
             return cls(path, writable=True)
         store = cls(path, writable=False)
         diffs = []
-        for key in ("format", "version", "feature_dim", "hidden"):
-            if store.info.get(key) != want[key]:
-                diffs.append(f"{key}: stored {store.info.get(key)!r}, requested {want[key]!r}")
+        for key in ("format", "version", "feature_dim", "hidden", "kv_dim", "kv_dtype"):
+            if store.info.get(key) != want.get(key):
+                diffs.append(f"{key}: stored {store.info.get(key)!r}, requested {want.get(key)!r}")
         have_meta, want_meta = _flatten(store.info.get("meta", {})), _flatten(want["meta"])
         default = _flatten(_jsonable(dict(meta_defaults or {})))
         for key in sorted(set(have_meta) | set(want_meta)):
@@ -194,8 +216,10 @@ class ResponseStore:
         if indexed:
             _create_array(folder, "plan_index", "int64", (), TOKEN_CHUNK, True)
         for name, key in _ROWS.items():
-            if info[key]:
-                _create_array(folder, name, "bfloat16", (info[key],), _row_chunk(info[key]), False)
+            if info.get(key):
+                dtype = _row_dtype(info, name)
+                _create_array(folder, name, dtype, (info[key],), _row_chunk(info[key], np.dtype(_NP[dtype]).itemsize),
+                              False)
         offsets = ts.open(_spec(folder, "offsets"), open=True).result()
         offsets.resize(exclusive_max=[1]).result()[0:1].write(np.zeros(1, np.int64)).result()
         (folder / "ids.jsonl").touch()
@@ -345,14 +369,16 @@ class ResponseStore:
             raise DataError(f"{path} marks {info.get('records')!r} records complete, the store commits {len(self)}")
         return info
 
-    def get(self, i: int, *, max_len: int | None = None, features: bool = True) -> dict[str, np.ndarray]:
-        """Record `i` (its first `max_len` tokens), with the feature arrays when stored and `features`."""
+    def get(self, i: int, *, max_len: int | None = None, features: bool = True,
+            kv: bool = False) -> dict[str, np.ndarray]:
+        """Record `i` (its first `max_len` tokens), with the feature arrays when stored and `features`, and
+        its K/V rows when stored and `kv`."""
         if not 0 <= i < len(self):
             raise IndexError(f"record {i} out of range for a store of {len(self)}")
         a, b = int(self._offsets[i]), int(self._offsets[i + 1])
         if max_len is not None:
             b = min(b, a + max_len)
-        names = ["tokens", "loss_mask"] + [n for n in _ROWS if n in self._arrays and features]
+        names = ["tokens", "loss_mask"] + [n for n in _ROWS if n in self._arrays and (kv if n == "kv" else features)]
         futures = {n: self._arrays[n][a:b].read() for n in names}  # issue all reads, then wait
         out = {}
         for n, f in futures.items():
@@ -370,9 +396,9 @@ class ResponseStore:
     # ---- writing -----------------------------------------------------------------------------------
     def append(self, records: Iterable[Mapping[str, Any]], *, skipped: Iterable[str] = ()) -> None:
         """Write records past the pending end (invisible until `commit`). Each record: "id",
-        "input_ids" [S], "loss_mask" [S], "features" [S, F] / "last_hidden" [S, d] when the store
-        has them, and "index" (its plan index) when the store is indexed. `skipped` ids are remembered
-        as done without a record."""
+        "input_ids" [S], "loss_mask" [S], "features" [S, F] / "last_hidden" [S, d] / "kv" [S, W] when
+        the store has them, and "index" (its plan index) when the store is indexed. `skipped` ids are
+        remembered as done without a record."""
         if not self.writable:
             raise CarryoverError(f"{self.path}: opened read-only; use ResponseStore.create_or_open to append")
         records = list(records)
@@ -394,7 +420,7 @@ class ResponseStore:
             rows["tokens"].append(tokens)
             rows["loss_mask"].append(mask)
             for name, key in _ROWS.items():
-                width = self.info[key]
+                width = self.info.get(key)
                 if name not in self._arrays:
                     if r.get(name) is not None:
                         raise CarryoverError(f"record {ids[-1]!r} has {name} but this store holds none")
@@ -404,7 +430,7 @@ class ResponseStore:
                     raise CarryoverError(
                         f"record {ids[-1]!r}: {name} must have shape {(len(tokens), width)}, got {np.shape(x)}"
                     )
-                rows[name].append(np.asarray(x).astype(BF16))
+                rows[name].append(np.asarray(x).astype(_NP[_row_dtype(self.info, name)]))
         # the store changes: the last finished pass no longer describes it
         (self.path / "complete.json").unlink(missing_ok=True)
         n0, t0 = self._pending["records"], self._pending["tokens"]
@@ -518,7 +544,8 @@ class StoreView:
         else:
             self.shards = _open_shards(self.path, folders)
         first = self.shards[0]
-        self.feature_dim, self.hidden = first.feature_dim, first.hidden
+        self.feature_dim, self.hidden, self.kv_dim, self.kv_dtype = (first.feature_dim, first.hidden, first.kv_dim,
+                                                                     first.kv_dtype)
         self._starts = np.cumsum([0] + [len(s) for s in self.shards])
         self._order = None
         if all(s.indexed for s in self.shards):
@@ -548,9 +575,10 @@ class StoreView:
         s = int(np.searchsorted(self._starts, p, side="right")) - 1
         return self.shards[s], p - int(self._starts[s])
 
-    def get(self, i: int, *, max_len: int | None = None, features: bool = True) -> dict[str, np.ndarray]:
+    def get(self, i: int, *, max_len: int | None = None, features: bool = True,
+            kv: bool = False) -> dict[str, np.ndarray]:
         store, j = self._locate(int(i))
-        return store.get(j, max_len=max_len, features=features)
+        return store.get(j, max_len=max_len, features=features, kv=kv)
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         return self.get(int(i))
@@ -596,7 +624,7 @@ def _open_shards(root: Path, folders: dict[tuple[int, int], Path]) -> list[Respo
     for st, plan in zip(stores[1:], plans[1:]):
         meta = _flatten({k: v for k, v in st.meta.items() if k != "shard"})
         diffs = [k for k in sorted(set(ref_meta) | set(meta)) if ref_meta.get(k) != meta.get(k)]
-        diffs += [k for k in ("feature_dim", "hidden") if getattr(st, k) != getattr(ref, k)]
+        diffs += [k for k in ("feature_dim", "hidden", "kv_dim", "kv_dtype") if getattr(st, k) != getattr(ref, k)]
         if plan != plans[0]:  # the same prompt plan: same source file, split and prompt filter
             diffs.append(f"plan_size ({plans[0]!r} vs {plan!r} prompts)")
         if diffs:
