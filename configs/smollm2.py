@@ -15,7 +15,7 @@ over the last 300 of 1,200 steps. 64 anchors of 4-token blocks cost what 32 anch
 layers follow the z-lab spacing for 30 layers: (1, 8, 14, 20, 27). The store also holds every layer's K/V in
 float32 (`data.store_kv`: 46 KB a token, ~18 GB for the ~383k tokens of 2,304 replies, 6.7x the features), so a
 DVD step reads the prefix its verification attends to instead of running the target over the recorded
-sequences: 1.9x a control step instead of 3.3x (docs/benchmarks.md#dvd-and-the-stored-kv).
+sequences: ~1.8x a control step instead of 3.3x (docs/benchmarks.md#dvd-and-the-stored-kv).
 """
 
 from carryover_jax.configs import continuation_stages
@@ -46,7 +46,7 @@ CONFIG = TrainConfig(
 # The continuation stage: from the finished baseline drafter, DVD training (Carryover) and the equal-steps
 # control, each for 15% of the baseline's steps (the paper: 10 epochs, then +3; 30% did not fit the full preset
 # when a DVD step cost 3-7 s here), same seed so both see the same batches and anchors; and the
-# equal-compute control, the same continuation for as many steps as DVD's measured step time buys (~1.9x:
+# equal-compute control, the same continuation for as many steps as DVD's measured step time buys (~1.8x:
 # `train/compute_match.py`). `carryover train --config smollm2:dvd` / `smollm2:control` /
 # `smollm2:control_compute`. (The full preset's eval size is set in carryover_jax/pipeline.py PRESETS.)
 STAGES = continuation_stages(CONFIG, steps=360, lr=3e-4, warmup_ratio=0.05, save_every=120)
