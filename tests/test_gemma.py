@@ -298,7 +298,7 @@ def test_dvd_verification_on_gemma_equals_sequential_forwards(gemma):
             seq = np.concatenate([np.asarray(ids[i, :s_n + 1]), np.asarray(props[i, n])])
             seq = np.pad(seq, (0, 24 - len(seq)), constant_values=5)[None]  # causal: the padding is unseen
             _, _, taps = jit_apply(target.model)({"params": target.params}, jnp.asarray(seq), tap_layers=layers)
-            ref = np.concatenate([np.asarray(t) for t in taps], -1)[0, s_n:s_n + 4]
+            ref = np.concatenate([np.asarray(t) for t in taps], -1)[0, s_n + 1:s_n + 4]  # the P proposals' rows
             np.testing.assert_allclose(feats[i, n], ref, atol=ATOL, rtol=1e-4)
             checked += s_n + 4 > WINDOW  # blocks whose queries reach past the window
     assert checked >= 3
