@@ -4,7 +4,9 @@ prepare (target-regenerated responses) -> baseline training -> the baseline's τ
 at T = 0, batch 1, decoded on the eval prompts, and their exact offline τ on many more rollouts) -> three
 continuations from the same baseline drafter (Carryover DVD and its two controls without carried rows:
 `control` for DVD's steps, `control_compute` for as many steps as DVD's training compute buys, measured on
-this machine; `train/compute_match.py`) -> eval of all arms side by side -> report.
+this machine; `train/compute_match.py`) -> eval of all arms side by side -> report. The full preset is the
+Carryover A/B instead (`_run_ab`): the same three continuations from several baseline snapshots, every arm scored
+offline on shared rollouts, and Carryover's gain against each start's strength (`eval/strength.py`).
 
 Every stage writes `<out>/<stage>/stage.json` when it finishes; a rerun skips finished stages, and a
 stage that was killed resumes inside itself (prepare and training resume from their stores and
