@@ -24,7 +24,8 @@ from carryover_jax.models import kernels
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.target import abstract_params
 from carryover_jax.numerics import Numerics
-from tests.lowering import TPU_CALL, TPU_DEVICE_KINDS, TRITON_CALL, data_dependent_whiles, lower_text, tpu_mesh
+from tests.lowering import (TPU_CALL, TPU_DEVICE_KINDS, TRITON_CALL, cuda_mesh, data_dependent_whiles, lower_text,
+                            tpu_mesh)
 
 SMALL = dict(num_layers=3, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16,
              vocab_size=256)
@@ -68,9 +69,19 @@ def _abstract_state(name: str, kind: str):
     return tp, dp, state
 
 
+def _programs(name: str, kind: str, carried: bool, backend: str, platform: str = "cuda"):
+    """Traced (not lowered) AR step, draft_parts and verify_step on abstract inputs: nothing runs. Programs for
+    cuda are traced under an abstract H100 (what the Triton kernel needs from jax 0.11 on), those for tpu as is
+    (the Mosaic kernel reads the chip when lowered, under the test's TPU mesh)."""
+    _abstract_state(name, kind)  # outside the abstract mesh: initialising params runs on the host
+    if platform != "cuda":
+        return _traced(name, kind, carried, backend)
+    with jax.sharding.use_abstract_mesh(cuda_mesh()):
+        return _traced(name, kind, carried, backend, "cuda")
+
+
 @functools.lru_cache(maxsize=None)
-def _programs(name: str, kind: str, carried: bool, backend: str):
-    """Traced (not lowered) AR step, draft_parts and verify_step on abstract inputs: nothing runs."""
+def _traced(name: str, kind: str, carried: bool, backend: str, under: str = ""):
     tc, dc = _configs(name, kind, backend)
     tp, dp, state = _abstract_state(name, kind)
     sc = sp.SpecConfig(target=tc, drafter=dc, attend_carried=carried)
@@ -134,9 +145,12 @@ def test_kernels_lower_to_triton_at_every_head_dim(d):
         q = jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16)
         k = jax.ShapeDtypeStruct((b, 2, s, d), jnp.bfloat16)
         lim = jax.ShapeDtypeStruct((b, t), jnp.int32)
-        text = lower_text(jax.jit(f).trace(q, k, k, lim, lim), "cuda")
+        with jax.sharding.use_abstract_mesh(cuda_mesh()):
+            fwd = jax.jit(f).trace(q, k, k, lim, lim)
+            bwd = jax.jit(jax.grad(f, argnums=(0, 1, 2))).trace(q, k, k, lim, lim)
+        text = lower_text(fwd, "cuda")
         assert text.count(TRITON_CALL) == 1 and data_dependent_whiles(text) == 0
-        text = lower_text(jax.jit(jax.grad(f, argnums=(0, 1, 2))).trace(q, k, k, lim, lim), "cuda")
+        text = lower_text(bwd, "cuda")
         assert text.count(TRITON_CALL) == 3 and data_dependent_whiles(text) == 0
     # batch-1 decode (8 programs) splits its keys; a training grid of 256 programs does not
     assert kernels.key_splits(1 * 8 * 1, 4096 // tiles.block_k) > 1 and kernels.key_splits(256, 64) == 1
@@ -152,7 +166,9 @@ def test_whole_programs_lower_at_every_head_dim(d):
                               jnp.full((1,), PROMPT, jnp.int32))
     for t in (1, PROPOSALS + 1):
         tok = jax.ShapeDtypeStruct((1, t), jnp.int32)
-        text = lower_text(jax.jit(functools.partial(_target_chunk, tc)).trace(tp, cache, tok), "cuda")
+        with jax.sharding.use_abstract_mesh(cuda_mesh()):
+            traced = jax.jit(functools.partial(_target_chunk, tc)).trace(tp, cache, tok)
+        text = lower_text(traced, "cuda")
         assert text.count(TRITON_CALL) == tc.num_layers and data_dependent_whiles(text) == 0
 
 
@@ -183,7 +199,7 @@ def test_a_round_lowered_for_tpu_reads_the_cache_through_the_mosaic_kernel(name,
     live-length loop)."""
     for chip in TPU_DEVICE_KINDS:
         with jax.sharding.use_abstract_mesh(tpu_mesh(chip)):
-            for prog, traced in _programs(name, kind, carried, "auto").items():
+            for prog, traced in _programs(name, kind, carried, "auto", "tpu").items():
                 text = lower_text(traced, "tpu")
                 assert data_dependent_whiles(text) == 0, f"{chip} {name}/{kind} {prog}: a data-dependent loop"
                 want = TARGETS[name].num_layers if prog != "draft_parts" else 1

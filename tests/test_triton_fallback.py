@@ -15,7 +15,7 @@ from carryover_jax.errors import ConfigError
 from carryover_jax.models.kernels import prefix_attention
 from carryover_jax.models.layers import LiveMask, Prefix, attention_core, resolve_backend
 from carryover_jax.numerics import Numerics
-from tests.lowering import TRITON_CALL, data_dependent_whiles, lower_text
+from tests.lowering import TRITON_CALL, cuda_mesh, data_dependent_whiles, lower_text
 
 B, T, H, HKV, D, S = 2, 3, 4, 2, 16, 40
 
@@ -43,7 +43,10 @@ def _decode_and_training(backend):
 
 
 def _cuda_text(backend):
-    return lower_text(jax.jit(_decode_and_training(backend)).trace(*_arrays()), "cuda")
+    args = _arrays()
+    with jax.sharding.use_abstract_mesh(cuda_mesh()):
+        traced = jax.jit(_decode_and_training(backend)).trace(*args)
+    return lower_text(traced, "cuda")
 
 
 def test_the_probe_reads_the_triton_modules(monkeypatch):
