@@ -9,7 +9,7 @@ from pathlib import Path
 
 from carryover_jax import bounds as B
 from carryover_jax.numerics import ATTENTION_BACKENDS
-from carryover_jax.errors import CarryoverError, ConfigError
+from carryover_jax.errors import CarryoverError, ConfigError, RequestError
 from carryover_jax.paths import name_or_path, user_path
 
 # Each command imports its modules inside its function, so that `carryover --help` and a refused
@@ -247,6 +247,9 @@ def _cmd_bench(args) -> int:
         from carryover_jax.bench import decode
         from carryover_jax.loading import init_drafter, load_drafter
 
+        if args.profile and not args.breakdown:
+            raise RequestError("--profile splits the --breakdown steps' time: add --breakdown")
+
         target = load_target(args.target, numerics=_run_numerics(args))
         if args.drafter:
             drafter = load_drafter(args.drafter, target=target, carryover=True)
@@ -267,7 +270,7 @@ def _cmd_bench(args) -> int:
             return 0
         if args.breakdown:
             result = decode.breakdown(target, drafter, max_lens=tuple(args.max_lens),
-                                      repeats=args.repeats or 25)
+                                      repeats=args.repeats or 25, profile=args.profile)
             print(decode.format_breakdown(result))
             _write_result(result, args.out)
             return 0
@@ -511,6 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--breakdown", action="store_true", help="bench decode: AR step / draft / verify / round times "
                    "and ratios at several cache sizes (--max-lens; --proposals, --draft-layers for the random drafter)")
     b.add_argument("--max-lens", type=SIZE, nargs="+", default=[256, 1024, 4096], help="bench decode --breakdown")
+    b.add_argument("--profile", type=COUNT0, default=0, metavar="N", help="bench decode --breakdown: N more calls of "
+                   "each step under jax.profiler, each call's time split by XLA op kind (matmuls, the attention "
+                   "loop, cache reads and writes, ...) and host idle time")
     b.add_argument("--torch", action="store_true", help="bench decode: tokens/s of transformers AR, z-lab's "
                    "dflash_generate (--zlab), the PyTorch Carryover loop (carried rows off/on) and the JAX engine")
     b.add_argument("--zlab", type=user_path, default=None, help="bench decode --torch: a z-lab/dflash checkout, "

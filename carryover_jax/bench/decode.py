@@ -119,13 +119,14 @@ def format_table(result: dict[str, Any]) -> str:
 
 # ---- `carryover bench decode --breakdown`: the cost of one speculative round -------------------------
 def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 100, repeats: int = 25,
-              batch: int = 1, carryover: bool = True, progress: bool = True) -> dict[str, Any]:
+              batch: int = 1, carryover: bool = True, progress: bool = True, profile: int = 0) -> dict[str, Any]:
     """Median times of one AR step, one `draft_step`, one `verify_step` and one round (draft + verify)
     at each cache size `max_len`, with the committed length reset to `prompt_len` before every call
     (so every call does the same work). Calls are interleaved across step kinds and cache sizes, so
     slow phases of a shared machine hit all of them alike; ratios to the AR step at the same max_len
     are the numbers to compare. Also reports how many times each jitted step compiled (once per
-    max_len is the contract) and that repeated calls compile nothing new."""
+    max_len is the contract) and that repeated calls compile nothing new. `profile` > 0: that many more calls of
+    each kind under `jax.profiler`, each call's time split by XLA op kind (`bench/opprofile.py`)."""
     tcfg, tp, dcfg, dp = target.cfg, target.params, drafter.cfg, drafter.params
     low = sp.cache_slots(dcfg.num_proposals, prompt_len, dcfg.num_proposals + 2)  # one round's tokens, below
     for L in max_lens:
@@ -208,6 +209,11 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
     if before is not None:
         out["compiles"] = {k: warm[k] - before[k] for k in jitted}
         out["recompiles_while_timing"] = sum(after[k] - warm[k] for k in jitted)
+    if profile:
+        from carryover_jax.bench.opprofile import profile_calls
+
+        out["profile"] = profile_calls({f"{k} @ {L}": (lambda f=f, bx=boxes[L]: f(bx)) for L in max_lens
+                                        for k, f in fns.items()}, profile)
     return out
 
 
@@ -226,4 +232,9 @@ def format_breakdown(r: dict[str, Any]) -> str:
     lines.append(f"\n{key.replace('_', ' ')}: " + ", ".join(f"{k} {100 * v:+.1f}%" for k, v in r[key].items()))
     if "compiles" in r:
         lines.append(f"compiles: {r['compiles']} (while timing: {r['recompiles_while_timing']})")
+    if "profile" in r:
+        from carryover_jax.bench.opprofile import format_profile
+
+        lines += ["", "where each call's time goes (ms, mean over the profiled calls; exclusive: the columns add up "
+                      "to the window):", format_profile(r["profile"])]
     return "\n".join(lines)

@@ -79,11 +79,11 @@ def train_step(sc: StepConfig, optimizer, state: TrainState, target_params, batc
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)  # zeros until the window's last micro-step
     if k == 1:
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                           rng=jax.random.key_data(rng)), metrics
     acc = state.opt_state.acc_grads  # MultiSteps' running mean of the window's gradients before this one
-    metrics["grad_norm"] = optax.global_norm(jax.tree.map(lambda a, g: a + (g - a) / (micro + 1), acc, grads))
+    metrics["grad_norm"] = optax.tree.norm(jax.tree.map(lambda a, g: a + (g - a) / (micro + 1), acc, grads))
     closed = micro == k - 1
     return TrainState(step=state.step + closed.astype(state.step.dtype), params=params, opt_state=opt_state,
                       rng=jnp.where(closed, jax.random.key_data(rng), state.rng)), metrics
