@@ -270,7 +270,7 @@ def _cmd_bench(args) -> int:
             return 0
         if args.breakdown:
             result = decode.breakdown(target, drafter, max_lens=tuple(args.max_lens),
-                                      repeats=args.repeats or 25, profile=args.profile)
+                                      repeats=args.repeats or 25, batch=args.batch, profile=args.profile)
             print(decode.format_breakdown(result))
             _write_result(result, args.out)
             return 0
@@ -475,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--layout", choices=["zlab", "deepspec"], default="zlab")
     b.add_argument("--proposals", type=SIZE, default=15)
     b.add_argument("--draft-layers", type=SIZE, default=5)
-    b.add_argument("--batch", type=SIZE, default=1)
+    b.add_argument("--batch", type=SIZE, default=1, help="bench steps, bench decode --breakdown: sequences per step")
     b.add_argument("--context", type=SIZE, default=512)
     b.add_argument("--train-batch", type=SIZE, default=1)
     b.add_argument("--train-len", type=B.arg(B.size(2)), default=1024)
