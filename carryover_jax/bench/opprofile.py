@@ -49,7 +49,8 @@ def _events(trace_dir: str) -> list[tuple[str, int, int]]:
 
 
 def split_windows(events: list[tuple[str, int, int]], windows: list[tuple[int, int]]) -> dict[str, Any]:
-    """Mean exclusive time (ms) of each op kind, of each op (`ops`) and of idle time over `windows`."""
+    """Mean exclusive time (ms) per window of each op kind, of the six costliest ops (by name, numbering dropped)
+    and of idle time."""
     ops = sorted((s, e, n) for n, s, e in events if _OP.match(n))
     kinds, names, total = Counter(), Counter(), 0
     for w0, w1 in windows:
