@@ -2,6 +2,8 @@
 other than this process's, one home that target and drafter configs receive, the config and CLI settings that
 reach it, and float32 LM-head logits in bfloat16 runs."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -167,3 +169,33 @@ def test_lm_head_forms_agree():
     assert a.dtype == b.dtype == c.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-5)
     np.testing.assert_allclose(np.asarray(c), np.asarray(b), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_argmax_is_jnp_argmax(dtype):
+    """`numerics.argmax` (two plain reductions on CPU, XLA's variadic reduce there being a scalar loop) against
+    numpy's argmax: random rows, ties (the first index wins), rows of -inf and of zeros, a middle axis, under
+    jit; a row with NaNs gets an index of a NaN or of its largest other value. The CPU program holds no
+    variadic (value, index) reduce; other platforms keep jnp.argmax."""
+    from carryover_jax.numerics import argmax
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5, 7, 300)).astype(np.float32)
+    x[0, 0, [3, 200]] = 9.0  # a tie
+    x[2, 3, :] = -np.inf
+    x[3, 4, :] = 0.0
+    xs = jnp.asarray(x, jnp.dtype(dtype))
+    want = np.argmax(np.asarray(xs, np.float32), axis=-1)  # numpy: the first max
+    got = jax.jit(argmax)(xs)
+    assert got.dtype == jnp.int32 and got.shape == (5, 7)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.argmax(xs, -1)))
+    np.testing.assert_array_equal(np.asarray(argmax(xs, axis=1)), np.argmax(np.asarray(xs, np.float32), axis=1))
+    x[1, 2, [10, 250]] = np.nan
+    i = int(jax.jit(argmax)(jnp.asarray(x, jnp.dtype(dtype)))[1, 2])
+    row = np.asarray(jnp.asarray(x[1, 2], jnp.dtype(dtype)), np.float32)
+    assert i in (10, 250) or row[i] == np.nanmax(row)
+    traced = jax.jit(argmax).trace(jax.ShapeDtypeStruct((4, 300), jnp.float32))
+    variadic = re.compile(r"stablehlo\.reduce\(%\w+ init: %\w+\), \(")  # a (value, index) reduce
+    assert not variadic.search(traced.lower(lowering_platforms=("cpu",)).as_text())
+    assert variadic.search(traced.lower(lowering_platforms=("cuda",)).as_text())  # other platforms: jnp.argmax

@@ -19,6 +19,7 @@ from carryover_jax.models.cache import KVCache, write_chunk
 from carryover_jax.models.drafter import (Drafter, cap_logits, carried_segment_mask, logits_from_hidden,
                                           proposal_slots, to_target_ids, to_target_probs)
 from carryover_jax.models.layers import LiveMask, tied_logits
+from carryover_jax.numerics import argmax
 
 Array = jax.Array
 
@@ -121,11 +122,11 @@ def sequential_proposals(cfg: DrafterConfig, params, backbone_logits: Array, anc
     b, p, _ = backbone_logits.shape
     if not sampling:
         if not cfg.markov_rank:
-            return to_target_ids(cfg, jnp.argmax(backbone_logits, -1).astype(jnp.int32)), None, backbone_logits
+            return to_target_ids(cfg, argmax(backbone_logits)), None, backbone_logits
 
         def greedy(prev, lg):
             lg = lg + markov_bias(cfg, params, prev[:, None])[:, 0]
-            tok = jnp.argmax(lg, -1).astype(jnp.int32)
+            tok = argmax(lg)
             return tok, (tok, lg)
 
         _, (toks, corrected) = jax.lax.scan(greedy, anchor.astype(jnp.int32), jnp.swapaxes(backbone_logits, 0, 1))

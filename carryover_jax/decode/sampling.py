@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from carryover_jax.numerics import argmax
+
 Array = jax.Array
 _MASKED = -jnp.inf
 
@@ -34,7 +36,7 @@ def process_logits(logits: Array, temperature: Array, top_k: int = 0, top_p: flo
 def probs(logits: Array, temperature: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
     """Sampling distribution; for rows with temperature 0, a one-hot at the argmax."""
     p = jax.nn.softmax(process_logits(logits, temperature, top_k, top_p), axis=-1)
-    greedy = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=p.dtype)
+    greedy = jax.nn.one_hot(argmax(logits), logits.shape[-1], dtype=p.dtype)
     return jnp.where((temperature > 0)[..., None], p, greedy)
 
 
@@ -45,6 +47,6 @@ def is_stop(tokens: Array, stop_ids: Array) -> Array:
 
 def sample(rng: Array, logits: Array, temperature: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
     """logits [B, V], temperature [B] -> tokens [B] int32 (argmax where temperature == 0)."""
-    greedy = jnp.argmax(logits, axis=-1)
+    greedy = argmax(logits)
     drawn = jax.random.categorical(rng, process_logits(logits, temperature, top_k, top_p), axis=-1)
     return jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)

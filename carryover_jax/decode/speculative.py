@@ -31,6 +31,7 @@ from carryover_jax.errors import RequestError
 from carryover_jax.models.cache import KVCache
 from carryover_jax.models.drafter import Drafter, frozen_from_target
 from carryover_jax.models.target import TargetLM, new_cache
+from carryover_jax.numerics import argmax
 
 Array = jax.Array
 
@@ -203,7 +204,7 @@ def accept(sc: SpecConfig, logits, proposals, q, temperature, rng):
     """
     P = proposals.shape[1]
     if not sc.sampling:
-        tgt = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        tgt = argmax(logits)
         a = jnp.sum(jnp.cumprod(proposals == tgt[:, :P], axis=1), axis=1).astype(jnp.int32)
         return a, jnp.take_along_axis(tgt, a[:, None], axis=1)[:, 0]
     p = probs(logits, temperature[:, None], sc.top_k, sc.top_p)  # [B, P+1, V]
@@ -262,7 +263,7 @@ def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals
             carried = D.mark_carried(sc.drafter, draft_params, jnp.take_along_axis(rows, idx[..., None], axis=1))
         else:  # verify index i >= 1 holds d_i = proposals[i - 1]; the target's greedy token there is its argmax
             toks = (jnp.take_along_axis(proposals, idx - 1, axis=1) if sc.carry == "draft_tokens"
-                    else jnp.take_along_axis(jnp.argmax(logits, axis=-1), idx, axis=1)).astype(jnp.int32)
+                    else jnp.take_along_axis(argmax(logits), idx, axis=1)).astype(jnp.int32)
             carried = Drafter(sc.drafter).apply({"params": draft_params}, toks,
                                                 frozen_from_target(target_params, sc.target),
                                                 method=Drafter.fuse_carried).astype(s.carried.dtype)

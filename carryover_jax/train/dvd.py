@@ -35,6 +35,7 @@ from carryover_jax.decode.sampling import probs
 from carryover_jax.models.drafter import Drafter, frozen_from_target, to_target_probs
 from carryover_jax.models.layers import Blockwise, Prefix
 from carryover_jax.models.target import TargetLM
+from carryover_jax.numerics import argmax
 from carryover_jax.train import anchors as A
 from carryover_jax.train.kv_rows import unpack_kv
 from carryover_jax.train.losses import (anchor_metrics, batch_features, block_loss, chunked_rows, proposal_hidden,
@@ -178,7 +179,7 @@ def carried_rows(sc: StepConfig, target_params, ids, anchors, keep, proposals, a
     elif sc.loss.carry == "target_tokens":  # the target's greedy token from each rejected state
         _, last = verify_blocks(sc, target_params, ids, anchors, keep, proposals, with_hidden=True, kv=kv)
         hid = jnp.take_along_axis(last, idx[..., None], axis=2)
-        rows = jnp.argmax(TargetLM(sc.target).apply({"params": target_params}, hid, method=TargetLM.head), -1)
+        rows = argmax(TargetLM(sc.target).apply({"params": target_params}, hid, method=TargetLM.head))
         rows = rows.astype(jnp.int32)
     else:
         feats = verify_blocks(sc, target_params, ids, anchors, keep, proposals, kv=kv)

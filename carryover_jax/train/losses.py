@@ -14,6 +14,7 @@ from carryover_jax.config import DrafterConfig
 from carryover_jax.models.drafter import Drafter, frozen_from_target, proposal_slots
 from carryover_jax.models.layers import Prefix
 from carryover_jax.models.target import TargetLM
+from carryover_jax.numerics import argmax
 from carryover_jax.train import anchors as A
 from carryover_jax.train import edr
 from carryover_jax.train.objectives import acceptance, combine, l1_distance, row_terms, target_probs
@@ -79,7 +80,7 @@ def block_terms(params, sc: StepConfig, target_params, frozen, ids, feats, last,
         z = draft_logits(params, dc, frozen, hc, pc)
         zt = jax.lax.stop_gradient(TargetLM(sc.target).apply({"params": target_params}, thc, method=TargetLM.head))
         if sc.loss.labels == "target":  # self-distillation: what the target itself would say at this point
-            lc = jnp.argmax(zt, axis=-1).astype(lc.dtype)
+            lc = argmax(zt).astype(lc.dtype)
         return row_terms(z, zt, lc, dc.draft_vocab)
 
     out = chunked_rows(terms, (h, th, labels, previous_tokens(dc, blk)), sc.loss.chunk_rows)
@@ -110,7 +111,7 @@ def target_greedy_labels(sc: StepConfig, target_params, last, blk: A.Blocks) -> 
     th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n * p, -1)
 
     def greedy(h):
-        return jnp.argmax(TargetLM(sc.target).apply({"params": target_params}, h, method=TargetLM.head), axis=-1)
+        return argmax(TargetLM(sc.target).apply({"params": target_params}, h, method=TargetLM.head))
 
     return chunked_rows(greedy, (th,), sc.loss.chunk_rows).reshape(b, n, p).astype(blk.labels.dtype)
 
