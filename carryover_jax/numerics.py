@@ -325,6 +325,14 @@ def argmax(x, axis: int = -1):
                                       default=lambda x: jnp.argmax(x, axis=-1).astype(jnp.int32))
 
 
+def categorical(key, logits):
+    """`jax.random.categorical(key, logits, axis=-1)`, the same draws (the Gumbel-max trick with jax's own
+    `gumbel` noise) with the argmax taken by `argmax` above."""
+    import jax
+
+    return argmax(jax.random.gumbel(key, logits.shape, logits.dtype) + logits)
+
+
 # ---- LM heads -----------------------------------------------------------------------------------------
 def lm_head_logits(h, weight, *, vocab_major_weight: bool, impl: str = "plain"):
     """h [..., d] against an LM head -> float32 logits [..., V], accumulated in float32 whatever the

@@ -199,3 +199,27 @@ def test_argmax_is_jnp_argmax(dtype):
     variadic = re.compile(r"stablehlo\.reduce\(%\w+ init: %\w+\), \(")  # a (value, index) reduce
     assert not variadic.search(traced.lower(lowering_platforms=("cpu",)).as_text())
     assert variadic.search(traced.lower(lowering_platforms=("cuda",)).as_text())  # other platforms: jnp.argmax
+
+
+def test_categorical_and_sample_draw_what_jax_random_draws():
+    """`numerics.categorical` gives jax.random.categorical's draws key for key, and `sampling.sample` (on CPU a
+    batch with no sampling row skips the draw) gives the tokens of the plain formula: the draw where the
+    temperature is above 0, the argmax elsewhere, with top-k / top-p, for mixed and all-greedy batches."""
+    from carryover_jax.decode.sampling import process_logits, sample
+    from carryover_jax.numerics import categorical
+
+    logits = jax.random.normal(jax.random.key(3), (6, 500)) * 3
+    for seed in range(8):
+        k = jax.random.key(seed)
+        np.testing.assert_array_equal(np.asarray(categorical(k, logits)),
+                                      np.asarray(jax.random.categorical(k, logits, axis=-1)))
+    for temps in ([0.0, 1.0, 0.0, 0.7, 0.0, 2.0], [0.0] * 6, [1.0] * 6):
+        t = jnp.asarray(temps)
+        for top_k, top_p in ((0, 1.0), (20, 1.0), (0, 0.9)):
+            for seed in range(4):
+                k = jax.random.key(seed)
+                plain = jnp.where(t > 0, jax.random.categorical(k, process_logits(logits, t, top_k, top_p), axis=-1),
+                                  jnp.argmax(logits, -1))
+                got = jax.jit(sample, static_argnums=(3, 4))(k, logits, t, top_k, top_p)
+                assert got.dtype == jnp.int32
+                np.testing.assert_array_equal(np.asarray(got), np.asarray(plain))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from carryover_jax.numerics import argmax
+from carryover_jax.numerics import argmax, categorical
 
 Array = jax.Array
 _MASKED = -jnp.inf
@@ -46,7 +46,16 @@ def is_stop(tokens: Array, stop_ids: Array) -> Array:
 
 
 def sample(rng: Array, logits: Array, temperature: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
-    """logits [B, V], temperature [B] -> tokens [B] int32 (argmax where temperature == 0)."""
-    greedy = argmax(logits)
-    drawn = jax.random.categorical(rng, process_logits(logits, temperature, top_k, top_p), axis=-1)
-    return jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
+    """logits [B, V], temperature [B] -> tokens [B] int32 (argmax where temperature == 0).
+
+    Lowered for CPU, a batch with no sampling row skips the draw (its noise, top-k / top-p and argmax over
+    the whole vocabulary; a `lax.cond`); on an accelerator the predicate would be a device-to-host copy per
+    step, so both are computed there."""
+    def both(rng, logits, temperature):
+        drawn = categorical(rng, process_logits(logits, temperature, top_k, top_p))
+        return jnp.where(temperature > 0, drawn, argmax(logits))
+
+    def cpu(rng, logits, temperature):
+        return jax.lax.cond(jnp.any(temperature > 0), both, lambda r, lg, t: argmax(lg), rng, logits, temperature)
+
+    return jax.lax.platform_dependent(rng, logits, temperature, cpu=cpu, default=both)

@@ -31,7 +31,7 @@ from carryover_jax.errors import RequestError
 from carryover_jax.models.cache import KVCache
 from carryover_jax.models.drafter import Drafter, frozen_from_target
 from carryover_jax.models.target import TargetLM, new_cache
-from carryover_jax.numerics import argmax
+from carryover_jax.numerics import argmax, categorical
 
 Array = jax.Array
 
@@ -219,7 +219,7 @@ def accept(sc: SpecConfig, logits, proposals, q, temperature, rng):
     resid = jnp.where((a < P)[:, None], jnp.maximum(pa - qa, 0.0), pa)
     mass = jnp.sum(resid, axis=-1, keepdims=True)
     resid = jnp.where(mass > 1e-8, resid / jnp.maximum(mass, 1e-30), pa)
-    y = jax.random.categorical(k_y, jnp.where(resid > 0, jnp.log(jnp.maximum(resid, 1e-38)), -jnp.inf))
+    y = categorical(k_y, jnp.where(resid > 0, jnp.log(jnp.maximum(resid, 1e-38)), -jnp.inf))
     return a, y.astype(jnp.int32)
 
 
