@@ -5,7 +5,11 @@ Sized by the TPU compiler on a CPU host, no TPU attached (`carryover bench train
 v5p:2x2x1 --mesh fsdp=4 ...`, rows in docs/tpu/memory.jsonl): the baseline step at 4 sequences per chip
 per micro-step takes 58.6 GB of a chip, the DVD step at 2 sequences 49.1 GB (2026-12-02). Attention on TPU: the Mosaic kernel for decoding,
 einsum for training (models/layers.py). On N hosts divide grad_accum_steps by N. On v6e-8 hosts (8 chips
-of 32 GiB): `--set mesh.fsdp=8 --set grad_accum_steps=64` (1 sequence per chip: 17.1 GB; 4 were over the HBM).
+of 32 GiB): `--set mesh.fsdp=8 --set grad_accum_steps=64` (1 sequence per chip: baseline 17.1 GB, DVD 31.8 GB,
+control 21.2 GB; 4 were over the HBM). On a v5e-16 slice (16 chips of 16 GiB): `--set mesh.fsdp=16 --set
+grad_accum_steps=32` (the continuations too: `carryover pipeline ... --continue-set grad_accum_steps=32`)
+runs the baseline and the controls (15.3 / 15.4 GB at 1 sequence per chip); DVD does not fit a v5e chip at
+max_len 4096 (its temporaries alone are 17.8 GB, 2026-12-03).
 """
 
 from carryover_jax.config import MeshConfig
