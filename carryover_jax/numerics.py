@@ -333,6 +333,43 @@ def categorical(key, logits):
     return argmax(jax.random.gumbel(key, logits.shape, logits.dtype) + logits)
 
 
+# ---- large forwards on a CPU --------------------------------------------------------------------------
+CPU_PASS_TOKENS = 1024  # token rows per pass of a large forward on CPU (`sub_batched`)
+
+
+def sub_batched(fn, *args, tokens_per_row: int, max_tokens: int | None = None):
+    """`fn(*args)`, where every leaf of `args` and of the result has the batch as its leading axis and `fn`
+    treats the rows independently (a prefill, a cache-free forward).
+
+    Lowered for CPU, a batch of more than `max_tokens` (default `CPU_PASS_TOKENS`) token rows runs as `lax.map` over equal sub-batches of
+    about `max_tokens` rows (the batch padded with copies of its first row to a multiple, the padding dropped
+    after): XLA CPU's products over 8,192 rows run ~1.3x slower than over 1,024, whose activations stay in the
+    caches (SmolLM2's batch-64 prefill of 128-token prompts: 10.2 -> 7.9 s). Results agree with the whole batch's
+    to float rounding (a product's blocking changes with its row count). Other platforms lower `fn(*args)`."""
+    import jax
+    import jax.numpy as jnp
+
+    b = jax.tree.leaves(args)[0].shape[0]
+    max_tokens = CPU_PASS_TOKENS if max_tokens is None else max_tokens
+    n = -(-b * max(tokens_per_row, 1) // max(max_tokens, 1))  # passes
+    if n <= 1 or b <= 1:
+        return fn(*args)
+    n = min(n, b)
+    sub = -(-b // n)
+    pad = n * sub - b
+
+    def passes(*args):
+        def split(x):
+            if pad:
+                x = jnp.concatenate([x, jnp.broadcast_to(x[:1], (pad, *x.shape[1:]))], axis=0)
+            return x.reshape(n, sub, *x.shape[1:])
+
+        out = jax.lax.map(lambda a: fn(*a), jax.tree.map(split, args))
+        return jax.tree.map(lambda x: x.reshape(n * sub, *x.shape[2:])[:b], out)
+
+    return jax.lax.platform_dependent(*args, cpu=passes, default=fn)
+
+
 # ---- LM heads -----------------------------------------------------------------------------------------
 def lm_head_logits(h, weight, *, vocab_major_weight: bool, impl: str = "plain"):
     """h [..., d] against an LM head -> float32 logits [..., V], accumulated in float32 whatever the

@@ -223,3 +223,26 @@ def test_categorical_and_sample_draw_what_jax_random_draws():
                 got = jax.jit(sample, static_argnums=(3, 4))(k, logits, t, top_k, top_p)
                 assert got.dtype == jnp.int32
                 np.testing.assert_array_equal(np.asarray(got), np.asarray(plain))
+
+
+def test_sub_batched_runs_large_batches_in_passes_on_cpu():
+    """`numerics.sub_batched` on CPU: a batch over `max_tokens` token rows runs as a loop over equal sub-batches
+    (padded to a multiple, the padding dropped) and returns what one pass returns, pytrees included; within the
+    limit, and lowered for cuda, it is the plain call."""
+    from carryover_jax.numerics import sub_batched
+
+    def fn(x, lens):  # row-wise: a running sum, a per-row length mask, a dict output
+        c = jnp.cumsum(x, axis=1)
+        return {"sum": c, "masked": jnp.where(jnp.arange(x.shape[1])[None] < lens[:, None], c, -1.0)}, lens * 2
+
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((7, 3)), jnp.float32)
+    lens = jnp.asarray([0, 1, 2, 3, 1, 2, 3], jnp.int32)
+    ref = fn(x, lens)
+    for max_tokens in (3, 6, 9, 20, 21, 1000):  # 7, 4, 3, 2, 1 and 1 passes (3 and 6 pad the batch)
+        f = jax.jit(lambda x, lens, m=max_tokens: sub_batched(fn, x, lens, tokens_per_row=3, max_tokens=m))
+        jax.tree.map(np.testing.assert_array_equal, f(x, lens), ref)
+        loops = "while" in f.lower(x, lens).as_text()
+        assert loops == (max_tokens < 21), max_tokens
+    cuda = jax.jit(lambda x, lens: sub_batched(fn, x, lens, tokens_per_row=3, max_tokens=3)).trace(x, lens).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "while" not in cuda

@@ -39,6 +39,22 @@ def test_greedy_speculative_equals_ar(tiny_llama, kind, layout, carryover):
     assert stats["tau"] == pytest.approx(committed / stats["rounds"], abs=1e-4)
 
 
+def test_speculative_prefill_in_sub_batches_equals_ar(tiny_llama, monkeypatch):
+    """Speculative decoding whose prefill runs in sub-batches on CPU (`numerics.sub_batched`: passes of 2 prompts,
+    one padded) still equals AR decoding token for token."""
+    from carryover_jax import numerics
+
+    target = load_target(tiny_llama.path, tokenizer=False)
+    drafter = _drafter(target, "dflash", "zlab")
+    prompts = _prompts(3, lens=(4, 13, 7, 9, 16))
+    ref = generate(target, prompts, max_new_tokens=15, stop_token_ids=[])
+    monkeypatch.setattr(numerics, "CPU_PASS_TOKENS", 32)
+    split = _count_splits(monkeypatch)
+    out, _ = speculative_generate(target, drafter, prompts, max_new_tokens=15, stop_token_ids=[])
+    assert split == [5]
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+
+
 def _state_after_prefill(target, drafter, prompts, max_new, P, carryover=True):
     from carryover_jax.decode import speculative as sp
     from carryover_jax.decode.generate import pad_batch
@@ -240,3 +256,21 @@ def test_trained_drafter_is_lossless_and_accepts(trained_drafter, carryover, bat
                                       carryover=carryover)
     assert [r.token_ids for r in out] == [r.token_ids for r in ref]
     assert stats["tau"] > 1.5  # the trained drafter's proposals really are accepted
+
+
+def _count_splits(monkeypatch) -> list:
+    """Record the batches `numerics.sub_batched` splits from now on (jit caches cleared, so the programs are traced
+    again under the patched limit instead of reused)."""
+    from carryover_jax import numerics
+
+    split, inner = [], numerics.sub_batched
+
+    def spy(fn, *args, tokens_per_row, max_tokens=None):
+        b = jax.tree.leaves(args)[0].shape[0]
+        if b * tokens_per_row > (numerics.CPU_PASS_TOKENS if max_tokens is None else max_tokens):
+            split.append(b)
+        return inner(fn, *args, tokens_per_row=tokens_per_row, max_tokens=max_tokens)
+
+    monkeypatch.setattr(numerics, "sub_batched", spy)
+    jax.clear_caches()
+    return split

@@ -13,6 +13,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from carryover_jax import numerics
 from carryover_jax.config import TargetConfig
 from carryover_jax.decode.sampling import is_stop, sample
 from carryover_jax.models.cache import KVCache
@@ -24,12 +25,16 @@ Array = jax.Array
 @functools.partial(jax.jit, static_argnames=("cfg", "max_len"))
 def prefill(cfg: TargetConfig, params, tokens: Array, prompt_lens: Array, max_len: int):
     """tokens [B, T_bucket] right-padded -> (cache with lengths = prompt_lens, logits [B, V] at the
-    last prompt token of each row)."""
-    cache = new_cache(cfg, tokens.shape[0], max_len)
-    logits, cache, _ = TargetLM(cfg).apply(
-        {"params": params}, tokens, cache=cache, logit_indices=(prompt_lens - 1)[:, None]
-    )
-    return cache.with_lengths(prompt_lens), logits[:, 0]
+    last prompt token of each row). A large batch runs in sub-batches on CPU (`numerics.sub_batched`)."""
+
+    def rows(tokens, prompt_lens):
+        cache = new_cache(cfg, tokens.shape[0], max_len)
+        logits, cache, _ = TargetLM(cfg).apply(
+            {"params": params}, tokens, cache=cache, logit_indices=(prompt_lens - 1)[:, None]
+        )
+        return cache.with_lengths(prompt_lens), logits[:, 0]
+
+    return numerics.sub_batched(rows, tokens, prompt_lens, tokens_per_row=tokens.shape[1])
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))

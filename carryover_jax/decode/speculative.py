@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from carryover_jax import numerics
 from carryover_jax.config import CARRY_INTERFACES, DrafterConfig, TargetConfig
 from carryover_jax.decode import drafting as D
 from carryover_jax.decode.sampling import is_stop, probs, sample
@@ -148,12 +149,16 @@ def prefill_jit(sc: SpecConfig, target_params, draft_params, tokens, prompt_lens
                 rng, *, max_len: int, out_size: int, max_rounds: int) -> SpecState:
     b = tokens.shape[0]
     max_new = jnp.minimum(max_new, out_size)  # the output buffer bounds every row (callers size it)
-    cache = new_cache(sc.target, b, max_len)
-    logits, cache, taps = TargetLM(sc.target).apply(
-        {"params": target_params}, tokens, cache=cache, tap_layers=sc.drafter.target_layer_ids,
-        logit_indices=(prompt_lens - 1)[:, None],
-    )
-    cache = cache.with_lengths(prompt_lens)
+
+    def target_rows(tokens, prompt_lens):
+        cache = new_cache(sc.target, tokens.shape[0], max_len)
+        logits, cache, taps = TargetLM(sc.target).apply(
+            {"params": target_params}, tokens, cache=cache, tap_layers=sc.drafter.target_layer_ids,
+            logit_indices=(prompt_lens - 1)[:, None],
+        )
+        return cache.with_lengths(prompt_lens), logits, taps
+
+    cache, logits, taps = numerics.sub_batched(target_rows, tokens, prompt_lens, tokens_per_row=tokens.shape[1])
     rows = D.fuse_rows(sc.drafter, draft_params, jnp.concatenate(taps, axis=-1))
     dcache = D.append_rows(sc.drafter, draft_params, D.new_context_cache(sc.drafter, b, max_len), rows, prompt_lens)
     rng, sub = jax.random.split(rng)
