@@ -372,3 +372,22 @@ def tok_target(tiny_llama, tmp_path_factory):
     shutil.copytree(tiny_llama.path, folder)
     add_word_tokenizer(folder)
     return folder
+
+
+def test_recorded_rollouts_are_batch_one_greedy_decoding(tiny_llama, tmp_path):
+    """`record_rollouts` sorts the prompts by length into batches and fills the last batch with copies: every
+    rollout still equals batch-1 greedy decoding of its own prompt, in the items' order, and the cache holds one row
+    per item (none of the fill)."""
+    from carryover_jax.eval.offline import RolloutCache, record_rollouts
+    from carryover_jax.eval.run import Item
+
+    target = load_target(tiny_llama.path, tokenizer=False)
+    rng = np.random.default_rng(5)
+    items = [Item("d", str(i), tuple(rng.integers(3, 97, size=n).tolist())) for i, n in enumerate((9, 3, 30, 5, 17))]
+    rolls = record_rollouts(target, items, max_new_tokens=6, temperatures=[0.0], seeds=1, stop_token_ids=[],
+                            cache=tmp_path / "r", batch_size=2, progress=False)  # batches (3, 5) (9, 17) (30, 30)
+    assert [r["prompt"] for r in rolls] == [it.id for it in items]
+    for it, r in zip(items, rolls):
+        assert r["tokens"] == generate(target, [list(it.ids)], max_new_tokens=6, stop_token_ids=[])[0].token_ids
+    assert len(RolloutCache(tmp_path / "r").rows) == len((tmp_path / "r" / "rollouts.jsonl").read_text().splitlines()) \
+        == len(items)

@@ -93,7 +93,9 @@ def record_rollouts(target, items, *, max_new_tokens: int, temperatures: Sequenc
                     cache: str | Path | None = None, batch_size: int = 8, progress: bool = True) -> list[dict]:
     """AR rollouts of every item at every temperature (one pass at T = 0, `seeds` passes at T > 0), taken
     from the cache when recorded before, else generated `batch_size` prompts at a time (rows of a batch are
-    independent: greedy rollouts equal batch-1 decoding) and appended to it."""
+    independent: greedy rollouts equal batch-1 decoding) and appended to it. Prompts go by length, so a batch
+    pads little and the batches of one prompt bucket share one compiled program; the last batch is filled up
+    with copies of its last prompt (their rollouts are dropped) instead of compiling a smaller batch."""
     stops = list(target.stop_token_ids if stop_token_ids is None else stop_token_ids)
     tid = f"{getattr(target, 'path', None)}|{target.cfg.dtype}"
     store = RolloutCache(cache)
@@ -108,10 +110,11 @@ def record_rollouts(target, items, *, max_new_tokens: int, temperatures: Sequenc
     bar = tqdm(total=len(todo), desc="offline: recording rollouts", disable=not progress or not todo)
     for T in sorted({w[0] for w in todo}):
         for s in sorted({w[1] for w in todo if w[0] == T}):
-            group = [w for w in todo if w[0] == T and w[1] == s]
+            group = sorted((w for w in todo if w[0] == T and w[1] == s), key=lambda w: len(w[2].ids))
             for i in range(0, len(group), batch_size):
                 chunk = group[i:i + batch_size]
-                res = generate(target, [list(w[2].ids) for w in chunk], max_new_tokens=max_new_tokens,
+                fill = [chunk[-1]] * (batch_size - len(chunk)) if len(group) > batch_size else []
+                res = generate(target, [list(w[2].ids) for w in chunk + fill], max_new_tokens=max_new_tokens,
                                temperature=T, seed=s * 100_003 + i, chat=False, stop_token_ids=stops,
                                top_k=top_k, top_p=top_p, max_len=max_len)
                 for w, r in zip(chunk, res):
