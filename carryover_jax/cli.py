@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -537,7 +538,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _compile_cache() -> None:
+    """The commands keep XLA's compiled programs in a persistent cache, `$CARRYOVER_CACHE/jax-programs` (default
+    ~/.cache/carryover_jax; at most 2 GiB, the least recently used go first): a command that compiles what an
+    earlier one compiled (the next stage of a launch script, a resumed prepare, a second eval over the same prompt
+    buckets) loads the program instead (SmolLM2's prefill at one prompt bucket: ~3-5 s of XLA compile each). The
+    cache's key holds the program, the compile options and the jax version. A JAX_COMPILATION_CACHE_DIR set by
+    the caller is used as given; CARRYOVER_COMPILE_CACHE=0 turns it off. Set before jax is imported (jax reads
+    these at import, and building the parser imports it)."""
+    if os.environ.get("CARRYOVER_COMPILE_CACHE", "1") == "0" or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    from carryover_jax.weights.registry import cache_dir
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir() / "jax-programs")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))
+
+
 def main(argv=None) -> int:
+    _compile_cache()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
