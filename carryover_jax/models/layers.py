@@ -138,7 +138,8 @@ def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray) -> Array:
 
 
 # ---- attention core ----------------------------------------------------------------------------
-LIVE_CHUNK = 256  # cache slots per chunk of a live-length (`LiveMask`) segment
+LIVE_CHUNK = 128  # cache slots per chunk of a live-length (`LiveMask`) segment (CPU: 128 beat 256 by 1.15x and 64
+# by 1.05x in batch-64 generation, docs/benchmarks.md#where-a-steps-time-goes)
 
 
 @flax.struct.dataclass
@@ -179,7 +180,7 @@ class Prefix:
 # Attention backends (ATTENTION_BACKENDS). What each one runs depends on the platform the program is
 # LOWERED for (`jax.lax.platform_dependent`), never on the process's default backend, so a CUDA
 # program built on a CPU host (`lower(lowering_platforms=("cuda",))`) is the one a GPU would run.
-# - "einsum": the reference (every mask). `LiveMask` cache segments: on CPU a loop over 256-slot
+# - "einsum": the reference (every mask). `LiveMask` cache segments: on CPU a loop over 128-slot
 #   chunks up to the longest live row (a traced trip count: CPU decode cost follows the live length);
 #   on accelerators one masked read of the whole buffer (a data-dependent loop there costs a
 #   device-to-host handshake per iteration).
