@@ -341,21 +341,25 @@ def sub_batched(fn, *args, tokens_per_row: int, max_tokens: int | None = None):
     """`fn(*args)`, where every leaf of `args` and of the result has the batch as its leading axis and `fn`
     treats the rows independently (a prefill, a cache-free forward).
 
-    Lowered for CPU, a batch of more than `max_tokens` (default `CPU_PASS_TOKENS`) token rows runs as `lax.map` over equal sub-batches of
-    about `max_tokens` rows (the batch padded with copies of its first row to a multiple, the padding dropped
-    after): XLA CPU's products over 8,192 rows run ~1.3x slower than over 1,024, whose activations stay in the
-    caches (SmolLM2's batch-64 prefill of 128-token prompts: 10.2 -> 7.9 s). Results agree with the whole batch's
-    to float rounding (a product's blocking changes with its row count). Other platforms lower `fn(*args)`."""
+    Lowered for CPU, a batch of more than `max_tokens` (default `CPU_PASS_TOKENS`) token rows runs as `lax.map`
+    over equal sub-batches of at most `max_tokens` rows (of a divisor of the batch where one is at least half
+    that, else the batch padded with copies of its first row to a multiple, the padding dropped after): XLA CPU's products over 8,192 rows run 1.1-1.3x slower than over 1,024-2,048,
+    whose activations stay in the caches (SmolLM2's batch-64 prefill of 128-token prompts: 8.1 -> 7.4 s,
+    alternated; docs/experiments/cpu-generation-2026-12-03). Results agree with the whole batch's to float
+    rounding (a product's blocking changes with its row count). Other platforms lower `fn(*args)`."""
     import jax
     import jax.numpy as jnp
 
     b = jax.tree.leaves(args)[0].shape[0]
     max_tokens = CPU_PASS_TOKENS if max_tokens is None else max_tokens
-    n = -(-b * max(tokens_per_row, 1) // max(max_tokens, 1))  # passes
-    if n <= 1 or b <= 1:
+    rows = max(1, max_tokens // max(tokens_per_row, 1))  # prompts per pass
+    if b <= rows:
         return fn(*args)
-    n = min(n, b)
-    sub = -(-b // n)
+    sub = max(d for d in range(1, rows + 1) if b % d == 0)
+    if 2 * sub < rows:  # no divisor near the target: pad the batch to a multiple instead
+        n = -(-b // rows)
+        sub = -(-b // n)
+    n = -(-b // sub)  # passes
     pad = n * sub - b
 
     def passes(*args):

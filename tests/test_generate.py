@@ -95,14 +95,15 @@ def test_user_cache_shorter_than_the_prompt_bucket(tiny_llama):
 
 
 def test_a_prefill_in_sub_batches_matches_transformers(tiny_llama, monkeypatch):
-    """A batch over `numerics.CPU_PASS_TOKENS` token rows prefills in sub-batches on CPU (here 5 prompts in passes
-    of 2 rows, one of them padding): AR generation still equals transformers' greedy decoding row by row."""
+    """A batch over `numerics.CPU_PASS_TOKENS` token rows prefills in sub-batches on CPU (here 5 prompts of a
+    16-token bucket in 2 passes of 3 prompts, one of them padding): AR generation still equals transformers'
+    greedy decoding row by row."""
     from carryover_jax import numerics
 
-    monkeypatch.setattr(numerics, "CPU_PASS_TOKENS", 32)
+    monkeypatch.setattr(numerics, "CPU_PASS_TOKENS", 48)
     split = _count_splits(monkeypatch)
     target = load_target(tiny_llama.path, tokenizer=False)
-    prompts = _prompts(2, lens=(4, 13, 7, 9, 16))  # a 16-token bucket: 80 rows, 3 passes of 2 prompts
+    prompts = _prompts(2, lens=(4, 13, 7, 9, 16))  # a 16-token bucket: 80 rows, 2 passes of 3 prompts
     out = generate(target, prompts, max_new_tokens=12, stop_token_ids=[])
     assert split == [5]
     for p, r in zip(prompts, out):
