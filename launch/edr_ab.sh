@@ -4,10 +4,10 @@
 # scored by `carryover eval --offline` (exact greedy round counts, T = 0) on every held-out rollout of
 # ShareGPT's held-out split, HumanEval and MT-Bench, with paired bootstrap intervals.
 # Every stage resumes (prepare's store, train's checkpoints, the rollout cache): re-run after a stop.
-#   PROMPTS=1000 STEPS=1200 (default): the previous default's size. Measured on 2 CPU cores (AMD EPYC, AVX2,
-#   2026-12-01/02, alone on the machine): prepare ~3 s per conversation (976 records in ~50 min), training 0.39-0.44
-#   steps/s with CE + KL (~48 min; the equal-compute arm ~72 min) and 0.25 with the EDR term (~80 min); recording
-#   the 534 rollouts 26.5 min, each eval's scoring ~15 min: ~5 h in all, over sessions if need be.
+#   PROMPTS=1000 STEPS=1200 (default): the previous default's size. Measured on 2 CPU cores (AMD EPYC, alone on the
+#   machine): 2026-12-03, prepare 15.3 min (976 records) and CE + KL training 16.6 min (1.23 steps/s); 2026-12-02,
+#   the EDR term 1.53x a CE + KL step; 2026-12-01/02 (before the CPU fixes), recording the 534 rollouts 26.5 min and
+#   each eval's scoring ~15 min (docs/experiments/cpu-generation-2026-12-03).
 #   PROMPTS=2304 STEPS=2400: the shipped config's size (~2x that).
 # OUT=runs/edr-ab by default; EVAL_PROMPTS per dataset (default 400: all that fit), EVAL_TOKENS (default 64).
 set -euo pipefail
