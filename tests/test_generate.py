@@ -8,6 +8,7 @@ import pytest
 from carryover_jax import CarryoverError, generate, load_target
 from carryover_jax.decode.sampling import probs, sample
 from tests.hf_models import hf_greedy
+from tests.jitted import count_splits
 
 
 def _prompts(seed=0, lens=(4, 13, 7)):
@@ -98,31 +99,10 @@ def test_a_prefill_in_sub_batches_matches_transformers(tiny_llama, monkeypatch):
     """A batch over `numerics.CPU_PASS_TOKENS` token rows prefills in sub-batches on CPU (here 5 prompts of a
     16-token bucket in 2 passes of 3 prompts, one of them padding): AR generation still equals transformers'
     greedy decoding row by row."""
-    from carryover_jax import numerics
-
-    monkeypatch.setattr(numerics, "CPU_PASS_TOKENS", 48)
-    split = _count_splits(monkeypatch)
+    split = count_splits(monkeypatch, 48)
     target = load_target(tiny_llama.path, tokenizer=False)
     prompts = _prompts(2, lens=(4, 13, 7, 9, 16))  # a 16-token bucket: 80 rows, 2 passes of 3 prompts
     out = generate(target, prompts, max_new_tokens=12, stop_token_ids=[])
     assert split == [5]
     for p, r in zip(prompts, out):
         assert r.token_ids == hf_greedy(tiny_llama.hf, p, 12, eos=None)
-
-
-def _count_splits(monkeypatch) -> list:
-    """Record the batches `numerics.sub_batched` splits from now on (jit caches cleared, so the programs are traced
-    again under the patched limit instead of reused)."""
-    from carryover_jax import numerics
-
-    split, inner = [], numerics.sub_batched
-
-    def spy(fn, *args, tokens_per_row, max_tokens=None):
-        b = jax.tree.leaves(args)[0].shape[0]
-        if b * tokens_per_row > (numerics.CPU_PASS_TOKENS if max_tokens is None else max_tokens):
-            split.append(b)
-        return inner(fn, *args, tokens_per_row=tokens_per_row, max_tokens=max_tokens)
-
-    monkeypatch.setattr(numerics, "sub_batched", spy)
-    jax.clear_caches()
-    return split

@@ -227,8 +227,8 @@ def test_categorical_and_sample_draw_what_jax_random_draws():
 
 def test_sub_batched_runs_large_batches_in_passes_on_cpu():
     """`numerics.sub_batched` on CPU: a batch over `max_tokens` token rows runs as a loop over equal sub-batches
-    (padded to a multiple, the padding dropped) and returns what one pass returns, pytrees included; within the
-    limit, and lowered for cuda, it is the plain call."""
+    (of a divisor of the batch near the limit, else padded to a multiple and the padding dropped) and returns what
+    one pass returns, pytrees included; within the limit, and lowered for cuda, it is the plain call."""
     from carryover_jax.numerics import sub_batched
 
     def fn(x, lens):  # row-wise: a running sum, a per-row length mask, a dict output
@@ -247,3 +247,13 @@ def test_sub_batched_runs_large_batches_in_passes_on_cpu():
     cuda = jax.jit(lambda x, lens: sub_batched(fn, x, lens, tokens_per_row=3, max_tokens=3)).trace(x, lens).lower(
         lowering_platforms=("cuda",)).as_text()
     assert "while" not in cuda
+
+    def passes(b, max_tokens):  # the loop's trip count and the rows of one pass, from the traced program
+        xb, lb = jnp.zeros((b, 3)), jnp.zeros((b,), jnp.int32)
+        text = str(jax.make_jaxpr(lambda x, l: sub_batched(fn, x, l, tokens_per_row=3, max_tokens=max_tokens))(xb, lb))
+        return int(re.search(r"length=(\d+)", text).group(1)), "concatenate" in text
+
+    assert passes(8, 9) == (4, False)  # 3 prompts a pass: 8's divisor 2, no padding
+    assert passes(12, 12) == (3, False)  # 4 a pass: 12 divides
+    assert passes(7, 9) == (3, True)  # 3 a pass, 7 has no divisor but 1: padded to 9
+    assert passes(64, 9) == (32, False)  # like 64 prompts of 320 tokens at 1,024: 2 a pass, not 20 of 4 padded to 80

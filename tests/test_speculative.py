@@ -9,7 +9,7 @@ from carryover_jax import generate, load_target
 from carryover_jax.config import DrafterConfig
 from carryover_jax.decode.generate import speculative_generate
 from carryover_jax.models.drafter import init_drafter_params
-from tests.jitted import jit_apply
+from tests.jitted import count_splits, jit_apply
 
 
 def _drafter(target, kind, layout, proposals=4, seed=0):
@@ -42,14 +42,11 @@ def test_greedy_speculative_equals_ar(tiny_llama, kind, layout, carryover):
 def test_speculative_prefill_in_sub_batches_equals_ar(tiny_llama, monkeypatch):
     """Speculative decoding whose prefill runs in sub-batches on CPU (`numerics.sub_batched`: 2 passes of 3 prompts,
     one padded) still equals AR decoding token for token."""
-    from carryover_jax import numerics
-
     target = load_target(tiny_llama.path, tokenizer=False)
     drafter = _drafter(target, "dflash", "zlab")
     prompts = _prompts(3, lens=(4, 13, 7, 9, 16))
     ref = generate(target, prompts, max_new_tokens=15, stop_token_ids=[])
-    monkeypatch.setattr(numerics, "CPU_PASS_TOKENS", 48)
-    split = _count_splits(monkeypatch)
+    split = count_splits(monkeypatch, 48)
     out, _ = speculative_generate(target, drafter, prompts, max_new_tokens=15, stop_token_ids=[])
     assert split == [5]
     assert [r.token_ids for r in out] == [r.token_ids for r in ref]
@@ -256,21 +253,3 @@ def test_trained_drafter_is_lossless_and_accepts(trained_drafter, carryover, bat
                                       carryover=carryover)
     assert [r.token_ids for r in out] == [r.token_ids for r in ref]
     assert stats["tau"] > 1.5  # the trained drafter's proposals really are accepted
-
-
-def _count_splits(monkeypatch) -> list:
-    """Record the batches `numerics.sub_batched` splits from now on (jit caches cleared, so the programs are traced
-    again under the patched limit instead of reused)."""
-    from carryover_jax import numerics
-
-    split, inner = [], numerics.sub_batched
-
-    def spy(fn, *args, tokens_per_row, max_tokens=None):
-        b = jax.tree.leaves(args)[0].shape[0]
-        if b * tokens_per_row > (numerics.CPU_PASS_TOKENS if max_tokens is None else max_tokens):
-            split.append(b)
-        return inner(fn, *args, tokens_per_row=tokens_per_row, max_tokens=max_tokens)
-
-    monkeypatch.setattr(numerics, "sub_batched", spy)
-    jax.clear_caches()
-    return split
