@@ -18,7 +18,8 @@ C=.venv/bin/carryover
 OUT="${OUT:-runs/edr-ab}"
 PROMPTS="${PROMPTS:-1000}"
 STEPS="${STEPS:-1200}"
-common=(--config smollm2 --set "data.store=$OUT/data" --set "data.max_prompts=$PROMPTS")
+# no stored K/V: only DVD reads them, and writing them was ~2.5 min of prepare here
+common=(--config smollm2 --set "data.store=$OUT/data" --set "data.max_prompts=$PROMPTS" --set data.store_kv=None)
 "$C" prepare "${common[@]}"
 "$C" train "${common[@]}" --set "steps=$STEPS" --set "out_dir=$OUT/ce_kl"
 "$C" train "${common[@]}" --set "steps=$STEPS" --set "out_dir=$OUT/ce_kl_edr" --set loss.objective=edr

@@ -213,7 +213,7 @@ def _features_row(cfg, target, machine, seed: int) -> dict[str, Any]:
                       or zlab_layer_ids(target.cfg.num_layers))
     seqs = np.random.default_rng(seed).integers(10, target.cfg.vocab_size, (rows, seq)).tolist()
     kv_dtype = cfg.data.store_kv  # prepare stores K/V with its features where the config asks
-    _, s = _twice(lambda: target_features(target, seqs, layer_ids, batch_rows=rows, kv_dtype=kv_dtype)[-1][0])
+    _, s = _twice(lambda: target_features(target, seqs, layer_ids, batch_rows=rows, kv_dtype=kv_dtype)[-1]["features"])
     b = _bound_of([F.feature_pass_cost(target.cfg, target.params, rows=rows, seq=seq)], machine, target.cfg)
     kv = f" (and {kv_dtype} K/V)" if kv_dtype else ""
     return _row("features", f"prepare's feature pass, {rows} x {seq} tokens{kv}", s, b)

@@ -52,13 +52,13 @@ def _synthetic_store(path: Path, target, cfg: TrainConfig, layer_ids, *, records
     kw = dict(feature_dim=len(layer_ids) * target.cfg.hidden_size, hidden=target.cfg.hidden_size) if features else {}
     if kv:
         kw.update(kv_dim=kv_width(target.cfg), kv_dtype=kv)
-    st = ResponseStore.create_or_open(path, meta={"feature_layer_ids": list(layer_ids) if features else []}, **kw)
+    st = ResponseStore.create_or_open(path, meta={"feature_layer_ids": list(layer_ids) if features else []},
+                                      target_lse=features, **kw)
     recs = []
     for i, (ids, m) in enumerate(zip(seqs, masks)):
         r = {"id": str(i), "input_ids": ids, "loss_mask": m}
         if features:
-            out = target_features(target, [ids], tuple(layer_ids), kv_dtype=kv)[0]
-            r.update(zip(("features", "last_hidden", "kv"), out))
+            r.update(target_features(target, [ids], tuple(layer_ids), kv_dtype=kv)[0])
         recs.append(r)
     st.append(recs)
     st.commit()
@@ -104,7 +104,7 @@ def synthetic_batch(cfg: TrainConfig, target, dcfg: DrafterConfig, *, stored: bo
     batch = {"input_ids": ids, "loss_mask": lm}
     if stored:
         outs = target_features(target, ids.tolist(), tuple(dcfg.target_layer_ids), kv_dtype=cfg.data.store_kv)
-        batch.update(zip(("features", "last_hidden", "kv"), (np.stack(x) for x in zip(*outs))))
+        batch.update({k: np.stack([o[k] for o in outs]) for k in outs[0]})
     return {k: jnp.asarray(v) for k, v in batch.items()}
 
 

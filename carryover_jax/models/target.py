@@ -276,6 +276,40 @@ class TargetLM(nn.Module):
         return logits, new_cache, taps
 
 
+def head_columns(cfg: TargetConfig, params, ids: Array) -> Array:
+    """The LM head's weights for the vocabulary ids `ids` only: [K, d] rows of a tied embedding, [d, K]
+    columns of an untied head (gathered once, then used by `head_at` on any number of rows)."""
+    if cfg.tie_word_embeddings:
+        return jnp.take(params["embed_tokens"]["embedding"], ids, axis=0)
+    return jnp.take(params["lm_head"]["kernel"], ids, axis=1)
+
+
+def head_at(cfg: TargetConfig, columns: Array, h: Array) -> Array:
+    """`TargetLM.head`'s logits [..., K] at the ids whose `head_columns` are given: the same products, in
+    the same form and dtypes, over K vocabulary entries instead of V."""
+    if cfg.tie_word_embeddings:
+        logits = tied_logits(h, columns, cfg.numerics.lm_head)
+    else:  # nn.Dense promotes both operands to the compute dtype
+        dt = dtype_of(cfg.dtype)
+        logits = accumulate_f32(h.astype(dt), columns.astype(dt), (((h.ndim - 1,), (0,)), ((), ())), f32_out=True)
+    cap = cfg.final_logit_softcapping
+    return logits if cap is None else cap * jnp.tanh(logits / cap)
+
+
+def head_logsumexp(cfg: TargetConfig, params, h: Array, chunk: int = 1024) -> Array:
+    """log Σ_v exp(logit_v) of `TargetLM.head` at each row of h [..., d] -> float32 [...], `chunk` rows at a
+    time (a [rows, V] float32 block at once)."""
+    rows = h.reshape(-1, h.shape[-1])
+    n = rows.shape[0]
+    pad = (-n) % chunk if n > chunk else 0
+    blocks = jnp.pad(rows, ((0, pad), (0, 0))).reshape(-1, min(n, chunk), rows.shape[-1])
+
+    def one(x):
+        return jax.nn.logsumexp(TargetLM(cfg).apply({"params": params}, x, method=TargetLM.head), axis=-1)
+
+    return jax.lax.map(one, blocks).reshape(-1)[:n].reshape(h.shape[:-1])
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "batch", "seq"))
 def _init(cfg: TargetConfig, rng: Array, batch: int, seq: int):
     return TargetLM(cfg).init(rng, jnp.zeros((batch, seq), jnp.int32))

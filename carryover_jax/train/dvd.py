@@ -38,8 +38,8 @@ from carryover_jax.models.target import TargetLM
 from carryover_jax.numerics import argmax
 from carryover_jax.train import anchors as A
 from carryover_jax.train.kv_rows import unpack_kv
-from carryover_jax.train.losses import (anchor_metrics, batch_features, block_loss, chunked_rows, proposal_hidden,
-                                       target_greedy_labels)
+from carryover_jax.train.losses import (anchor_metrics, batch_features, batch_lse, block_loss, chunked_rows,
+                                       proposal_hidden, target_greedy_labels)
 from carryover_jax.train.step_config import StepConfig
 
 Array = jax.Array
@@ -242,9 +242,11 @@ def dvd_loss(params, sc: StepConfig, target_params, batch, rng, part=(0, 1)):
     frozen = frozen_from_target(target_params, sc.target)
     r = rollout(sc, params, target_params, frozen, batch, feats, last, rng, carried=sc.loss.mode == "dvd", kv=kv,
                 part=part)
-    loss, metrics = block_loss(params, sc, target_params, frozen, ids, feats, last, r.blk2, r.carried)
+    lse = batch_lse(batch)
+    loss, metrics = block_loss(params, sc, target_params, frozen, ids, feats, last, r.blk2, r.carried, lse)
     if sc.loss.mode == "dvd" and sc.loss.off_metrics:  # the same draft 2 with the carried rows withheld
-        _, off = block_loss(jax.lax.stop_gradient(params), sc, target_params, frozen, ids, feats, last, r.blk2)
+        _, off = block_loss(jax.lax.stop_gradient(params), sc, target_params, frozen, ids, feats, last, r.blk2,
+                            lse=lse)
         metrics.update({f"off/{k}": v for k, v in off.items() if k in ("ce_loss", "tau_estimate", "top1_acc@slot")})
     metrics.update(anchor_metrics(r.keep, r.nvalid, n))
     metrics.update(draft1_metrics(r.accepted, r.keep, r.keep2, dc.num_proposals))

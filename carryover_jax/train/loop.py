@@ -35,7 +35,7 @@ from carryover_jax.train.store import open_store
 from carryover_jax.train.vocab import draft_vocabulary, token_counts
 from carryover_jax.weights.drafter_formats import drafter_config_to_dict, save_drafter
 
-BATCH_KEYS = ("input_ids", "loss_mask", "features", "last_hidden", "kv")
+BATCH_KEYS = ("input_ids", "loss_mask", "features", "last_hidden", "target_lse", "kv")
 
 
 def build_drafter(cfg: TrainConfig, target, store=None):

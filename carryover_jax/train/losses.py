@@ -13,11 +13,12 @@ import jax.numpy as jnp
 from carryover_jax.config import DrafterConfig
 from carryover_jax.models.drafter import Drafter, frozen_from_target, proposal_slots
 from carryover_jax.models.layers import Prefix
-from carryover_jax.models.target import TargetLM
+from carryover_jax.models.target import TargetLM, head_at, head_columns
 from carryover_jax.numerics import argmax
 from carryover_jax.train import anchors as A
 from carryover_jax.train import edr
-from carryover_jax.train.objectives import acceptance, combine, l1_distance, row_terms, target_probs
+from carryover_jax.train.objectives import (acceptance, combine, draft_vocab_probs, l1_distance, prob_terms,
+                                            target_probs)
 from carryover_jax.train.step_config import StepConfig
 
 
@@ -58,15 +59,33 @@ def proposal_hidden(params, dc: DrafterConfig, frozen, feats, blk: A.Blocks, car
     return h.reshape(b, n, t, -1)[:, :, proposal_slots(dc)]
 
 
-def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, blk: A.Blocks, carried=None):
+def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, blk: A.Blocks, carried=None,
+               lse=None):
     """Loss and metrics of the drafter on the blocks `blk` (baseline training, or DVD's draft 2);
-    `carried` as in `proposal_hidden`."""
-    terms = block_terms(params, sc, target_params, frozen, ids, feats, last, blk, carried)
+    `carried` as in `proposal_hidden`, `lse` as in `block_terms`."""
+    terms = block_terms(params, sc, target_params, frozen, ids, feats, last, blk, carried, lse)
     return combine(*terms, blk.eval_mask, loss=sc.loss)
 
 
-def block_terms(params, sc: StepConfig, target_params, frozen, ids, feats, last, blk: A.Blocks, carried=None):
-    """Per-row (ce, l1, alpha, top1, kl) [B, N, P] of the drafter on the blocks `blk` (`objectives.row_terms`)."""
+def teacher(sc: StepConfig, target_params, lse):
+    """fn(rows [R, d] of final-normed target hidden, their log-sum-exp [R]) -> the target's probabilities at
+    the drafter's vocabulary (`objectives.target_probs`), or None where the logits themselves are needed.
+
+    With the stored log-sum-exp (`batch_lse`) and a draft vocabulary only the head's K columns are computed
+    (an 8,192-token vocabulary: a sixth of SmolLM2's head, which was ~40% of a CPU training step) — the
+    same probabilities up to float32 rounding. Self-distilled labels (`loss.labels=target`) need the
+    target's argmax over the whole vocabulary, so they keep the full head."""
+    dc = sc.drafter
+    if lse is None or not dc.draft_vocab or sc.loss.labels == "target":
+        return None
+    cols = head_columns(sc.target, target_params, jnp.asarray(dc.draft_vocab, jnp.int32))
+    return lambda h, lse_rows: jax.lax.stop_gradient(draft_vocab_probs(head_at(sc.target, cols, h), lse_rows))
+
+
+def block_terms(params, sc: StepConfig, target_params, frozen, ids, feats, last, blk: A.Blocks, carried=None,
+                lse=None):
+    """Per-row (ce, l1, alpha, top1, kl) [B, N, P] of the drafter on the blocks `blk` (`objectives.row_terms`);
+    `lse` [B, S]: the target's log-sum-exp per position (`batch_lse`), or None."""
     b, s = ids.shape
     dc = sc.drafter
     p, n = dc.num_proposals, blk.anchors.shape[1]
@@ -75,15 +94,19 @@ def block_terms(params, sc: StepConfig, target_params, frozen, ids, feats, last,
     pred_at = jnp.clip(blk.label_idx - 1, 0, s - 1).reshape(b, n * p)
     th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n * p, -1)
     labels = blk.labels.reshape(-1)
+    probs_at = teacher(sc, target_params, lse)
+    tl = jnp.zeros((b * n * p,), jnp.float32) if probs_at is None else jnp.take_along_axis(lse, pred_at, 1).reshape(-1)
 
-    def terms(hc, thc, lc, pc):
+    def terms(hc, thc, lc, pc, tlc):
         z = draft_logits(params, dc, frozen, hc, pc)
+        if probs_at is not None:
+            return prob_terms(z, probs_at(thc, tlc), lc, dc.draft_vocab, sc.target.vocab_size)
         zt = jax.lax.stop_gradient(TargetLM(sc.target).apply({"params": target_params}, thc, method=TargetLM.head))
         if sc.loss.labels == "target":  # self-distillation: what the target itself would say at this point
             lc = argmax(zt).astype(lc.dtype)
-        return row_terms(z, zt, lc, dc.draft_vocab)
+        return prob_terms(z, target_probs(zt, dc.draft_vocab), lc, dc.draft_vocab, zt.shape[-1])
 
-    out = chunked_rows(terms, (h, th, labels, previous_tokens(dc, blk)), sc.loss.chunk_rows)
+    out = chunked_rows(terms, (h, th, labels, previous_tokens(dc, blk), tl), sc.loss.chunk_rows)
     return tuple(x.reshape(b, n, p) for x in out)
 
 
@@ -122,6 +145,12 @@ def batch_features(sc: StepConfig, target_params, batch):
     return target_features(sc, target_params, batch["input_ids"])
 
 
+def batch_lse(batch):
+    """[B, S] the target's log-sum-exp at each position where the batch's stored features come with it (a
+    store `prepare` wrote), else None."""
+    return batch["target_lse"][..., 0] if "features" in batch and "target_lse" in batch else None
+
+
 def baseline_loss(params, sc: StepConfig, target_params, batch, rng, part=(0, 1)):
     """Baseline parallel training: N sampled anchors per sequence, no carried rows. `part`: the batch is
     micro-batch (index, count) of the optimizer step's (`anchors.part_rows`)."""
@@ -131,18 +160,19 @@ def baseline_loss(params, sc: StepConfig, target_params, batch, rng, part=(0, 1)
     anchors, keep, nvalid = A.sample_anchors(rng, lm, sc.num_anchors, part)
     blk = A.build_blocks(sc.drafter, ids, lm, anchors, keep, nvalid)
     frozen = frozen_from_target(target_params, sc.target)
-    terms = block_terms(params, sc, target_params, frozen, ids, feats, last, blk)
+    lse = batch_lse(batch)
+    terms = block_terms(params, sc, target_params, frozen, ids, feats, last, blk, lse=lse)
     loss, metrics = combine(*terms, blk.eval_mask, loss=sc.loss)
     if sc.loss.objective == "edr":
         edr_loss, edr_metrics = edr_term(params, sc, target_params, frozen, ids, lm, feats, last, blk, terms[2],
-                                         nvalid)
+                                         nvalid, lse)
         loss = loss + sc.loss.edr_weight * edr_loss
         metrics.update(edr_metrics, loss=loss)
     metrics.update(anchor_metrics(keep, nvalid, sc.num_anchors))
     return loss, metrics
 
 
-def all_anchor_acceptance(params, sc: StepConfig, target_params, frozen, ids, lm, feats, last) -> jax.Array:
+def all_anchor_acceptance(params, sc: StepConfig, target_params, frozen, ids, lm, feats, last, lse=None) -> jax.Array:
     """A [B, S, P] without gradient: the teacher-forced acceptance α of every slot of a round anchored at
     every position (0 where the position is no anchor candidate or the slot has no label).
 
@@ -152,7 +182,8 @@ def all_anchor_acceptance(params, sc: StepConfig, target_params, frozen, ids, lm
     response tokens: 2 groups of 64 instead of 5). The target's distribution is computed once per position,
     not once per (anchor, slot): a valid slot k of the round anchored at candidate j predicts from position
     j + k, itself a candidate (every position up to the slot's label is in the response), which is candidate
-    j + k of the compacted order — so a group of g anchors needs g + P - 1 target rows, not g * P."""
+    j + k of the compacted order — so a group of g anchors needs g + P - 1 target rows, not g * P. `lse` as in
+    `block_terms`."""
     b, s = ids.shape
     dc = sc.drafter
     g, p = sc.num_anchors, dc.num_proposals
@@ -164,6 +195,7 @@ def all_anchor_acceptance(params, sc: StepConfig, target_params, frozen, ids, lm
     order = jnp.pad(order, ((0, 0), (0, width + p - 1 - s)))
     in_count = jnp.arange(width + p - 1)[None, :] < count[:, None]
     params = jax.lax.stop_gradient(params)
+    probs_at = teacher(sc, target_params, lse)
     # row r of a group's target rows [B * (g + P - 1)] that slot k of anchor i reads
     reads = (jnp.arange(b)[:, None, None] * (g + p - 1) + jnp.arange(g)[None, :, None]
              + jnp.arange(p)[None, None, :]).reshape(-1)
@@ -177,8 +209,11 @@ def all_anchor_acceptance(params, sc: StepConfig, target_params, frozen, ids, lm
             h = proposal_hidden(params, dc, frozen, feats, blk, remat=sc.remat).reshape(b * g * p, -1)
             at = jax.lax.dynamic_slice_in_dim(order, i * g, g + p - 1, axis=1)  # candidates i*g .. i*g+g+P-2
             th = jnp.take_along_axis(last, at[..., None], axis=1).reshape(b * (g + p - 1), -1)
-            pt = chunked_rows(lambda x: target_probs(TargetLM(sc.target).apply(
-                {"params": target_params}, x, method=TargetLM.head), dc.draft_vocab), (th,), sc.loss.chunk_rows)
+            if probs_at is not None:
+                pt = chunked_rows(probs_at, (th, jnp.take_along_axis(lse, at, 1).reshape(-1)), sc.loss.chunk_rows)
+            else:
+                pt = chunked_rows(lambda x: target_probs(TargetLM(sc.target).apply(
+                    {"params": target_params}, x, method=TargetLM.head), dc.draft_vocab), (th,), sc.loss.chunk_rows)
 
             def alpha(hc, rc, pc):
                 logp = jax.nn.log_softmax(draft_logits(params, dc, frozen, hc, pc).astype(jnp.float32), axis=-1)
@@ -196,10 +231,11 @@ def all_anchor_acceptance(params, sc: StepConfig, target_params, frozen, ids, lm
     return jax.lax.stop_gradient(out)
 
 
-def edr_term(params, sc: StepConfig, target_params, frozen, ids, lm, feats, last, blk: A.Blocks, alpha, nvalid):
+def edr_term(params, sc: StepConfig, target_params, frozen, ids, lm, feats, last, blk: A.Blocks, alpha, nvalid,
+             lse=None):
     """The EDR surrogate on the sampled blocks (`train/edr.py`), normalised per anchor candidate, and its
     metrics: expected rounds per candidate and the τ they imply."""
-    acc = all_anchor_acceptance(params, sc, target_params, frozen, ids, lm, feats, last)
+    acc = all_anchor_acceptance(params, sc, target_params, frozen, ids, lm, feats, last, lse)
     cand = A.anchor_candidates(lm)
     rounds, coef = edr.coefficients(acc, cand)
     at = jnp.take_along_axis(coef, blk.anchors[..., None], axis=1) * blk.eval_mask

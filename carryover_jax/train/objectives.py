@@ -46,6 +46,13 @@ def acceptance(l1: Array) -> Array:
     return jnp.clip(1.0 - 0.5 * l1, 0.0, 1.0)
 
 
+def draft_vocab_probs(target_logits_in: Array, lse: Array) -> Array:
+    """`target_probs` at a draft vocabulary from the target's logits at those ids only [..., K] and its
+    log-sum-exp over the whole vocabulary [...] (what a response store keeps per token): the K columns of
+    the LM head instead of all V."""
+    return jnp.exp(target_logits_in.astype(jnp.float32) - lse[..., None].astype(jnp.float32))
+
+
 def row_terms(draft_logits: Array, target_logits: Array, labels: Array, draft_vocab: tuple[int, ...] = ()):
     """[..., V] logits -> per-row (ce, l1, alpha, top1_correct, kl).
 
@@ -53,11 +60,16 @@ def row_terms(draft_logits: Array, target_logits: Array, labels: Array, draft_vo
     has no CE (the drafter cannot propose it) and is never correct, and L1 counts the target's mass
     outside the vocabulary in full — so alpha stays the exact acceptance probability — and KL sums
     over the vocabulary only (the drafter can do nothing about the mass outside it)."""
+    return prob_terms(draft_logits, target_probs(target_logits, draft_vocab), labels, draft_vocab,
+                      target_logits.shape[-1])
+
+
+def prob_terms(draft_logits: Array, pt_in: Array, labels: Array, draft_vocab: tuple[int, ...], vocab_size: int):
+    """`row_terms` from the target's probabilities at the ids the drafter can propose (`target_probs`)."""
     z = draft_logits.astype(jnp.float32)
     logp = jax.nn.log_softmax(z, axis=-1)
-    pt_in = target_probs(target_logits, draft_vocab)
     if draft_vocab:
-        idx = jnp.asarray(draft_index_table(draft_vocab, target_logits.shape[-1]))[labels]
+        idx = jnp.asarray(draft_index_table(draft_vocab, vocab_size))[labels]
         known = idx >= 0
         ce = jnp.where(known, -jnp.take_along_axis(logp, jnp.maximum(idx, 0)[..., None], axis=-1)[..., 0], 0.0)
         correct = (known & (jnp.argmax(z, -1) == idx)).astype(jnp.float32)

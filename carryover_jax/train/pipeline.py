@@ -58,7 +58,7 @@ class StoreSource:
         }
         out["input_ids"][:n] = rec["input_ids"]
         out["loss_mask"][:n] = rec["loss_mask"]
-        for name in ("features", "last_hidden", "kv"):
+        for name in ("features", "last_hidden", "target_lse", "kv"):
             if name in rec:  # zero rows past the record: never a key (DVD's prefix ends at an anchor inside it)
                 x = np.zeros((S, rec[name].shape[1]), rec[name].dtype)
                 x[:n] = rec[name]
@@ -106,7 +106,8 @@ def make_train_iter(
     read_threads: int = 4,
 ) -> grain.DatasetIterator:
     """Batches of {"input_ids" int32[B, S], "loss_mask" int32[B, S], "length" int32[B]} (+ "features"
-    bf16[B, S, F] and "last_hidden" bf16[B, S, d] with `with_features`, + "kv" [B, S, W] in the store's K/V
+    bf16[B, S, F], "last_hidden" bf16[B, S, d] and, where the store holds it, "target_lse" float32[B, S, 1] with
+    `with_features`, + "kv" [B, S, W] in the store's K/V
     dtype, which must be `cfg.store_kv`, with `with_kv`), S = cfg.max_len.
 
     Every host shuffles the same permutation (same seed; reshuffled each epoch by grain) and takes its

@@ -37,7 +37,7 @@ from carryover_jax.config import DataConfig, TargetConfig
 from carryover_jax.decode.generate import generate, pad_batch
 from carryover_jax.errors import CarryoverError, ConfigError
 from carryover_jax.io import exclusive
-from carryover_jax.models.target import TargetLM
+from carryover_jax.models.target import TargetLM, head_logsumexp
 from carryover_jax.train.gen_memory import FEATURE_BUCKET, generation_batch
 from carryover_jax.train.kv_rows import kv_width, pack_kv
 from carryover_jax.train.sources import Conversation, conversations
@@ -266,18 +266,26 @@ def _trailing_zeros(mask: list[int]) -> int:
 # ---- target features ---------------------------------------------------------------------------------
 @functools.partial(jax.jit, static_argnames=("cfg", "layer_ids", "kv_dtype"))
 def _features(params, tokens, *, cfg: TargetConfig, layer_ids: tuple[int, ...], kv_dtype: str | None):
-    """`TargetLM.features` (the one the training step runs online), concatenated and stored as bfloat16; with
-    `kv_dtype`, every layer's K/V too, as rows (`kv_rows.pack_kv`) in that dtype."""
+    """`TargetLM.features` (the one the training step runs online), concatenated and stored as bfloat16, the
+    log-sum-exp of the target's logits at the stored (bf16) last hidden state as float32; with `kv_dtype`,
+    every layer's K/V too, as rows (`kv_rows.pack_kv`) in that dtype."""
     taps, last, ks, vs = TargetLM(cfg).apply({"params": params}, tokens, layer_ids, method=TargetLM.features,
                                              with_kv=True)
-    out = (jnp.concatenate(taps, axis=-1).astype(jnp.bfloat16), last.astype(jnp.bfloat16))
-    return out if kv_dtype is None else out + (pack_kv(ks, vs).astype(kv_dtype),)
+    last = last.astype(jnp.bfloat16)
+    # from the rounded state: the logits training computes from the store's last_hidden normalise to 1
+    out = {"features": jnp.concatenate(taps, axis=-1).astype(jnp.bfloat16), "last_hidden": last,
+           "target_lse": head_logsumexp(cfg, params, last)[..., None]}
+    if kv_dtype is not None:
+        out["kv"] = pack_kv(ks, vs).astype(kv_dtype)
+    return out
 
 
 def target_features(target, sequences: list[list[int]], layer_ids: tuple[int, ...], *, batch_rows: int | None = None,
-                    kv_dtype: str | None = None):
-    """Per sequence: (features [S, len(layer_ids) * d], last_hidden [S, d]) as bfloat16 numpy arrays, and with
-    `kv_dtype` its K/V rows [S, kv_width] in that dtype as a third.
+                    kv_dtype: str | None = None) -> list[dict[str, np.ndarray]]:
+    """Per sequence, what a response store keeps of the target beside the tokens: "features" [S, len(layer_ids)
+    * d] and "last_hidden" [S, d] as bfloat16, "target_lse" [S, 1] float32 (the log-sum-exp of the LM head
+    at that last hidden state: with it, training computes the target's probabilities at a draft vocabulary
+    from those K columns of the head alone), and with `kv_dtype` its K/V rows "kv" [S, kv_width] in that dtype.
 
     Sequences are right-padded (causal attention: padding never reaches real positions) to a multiple of
     `FEATURE_BUCKET` tokens and to `batch_rows` rows. This pass is most of prepare's time: a power-of-two
@@ -290,7 +298,7 @@ def target_features(target, sequences: list[list[int]], layer_ids: tuple[int, ..
     padded = pad_batch(sequences + [[0]] * (rows - len(sequences)), length)
     out = jax.device_get(_features(target.params, jnp.asarray(padded), cfg=target.cfg, layer_ids=tuple(layer_ids),
                                    kv_dtype=kv_dtype))
-    return [tuple(np.asarray(x[i, : len(s)]) for x in out) for i, s in enumerate(sequences)]
+    return [{k: np.asarray(x[i, : len(s)]) for k, x in out.items()} for i, s in enumerate(sequences)]
 
 
 # ---- the driver --------------------------------------------------------------------------------------
@@ -326,7 +334,7 @@ def _fill(cfg: DataConfig, target, folder: Path, *, progress: bool, stop_after_b
         meta["shard"] = {"index": shard, "count": num_shards}
     store = ResponseStore.create_or_open(
         folder, feature_dim=len(cfg.feature_layer_ids) * d if feats else None, hidden=d if feats else None,
-        kv_dim=kv_width(target.cfg) if cfg.store_kv else None, kv_dtype=cfg.store_kv, meta=meta,
+        kv_dim=kv_width(target.cfg) if cfg.store_kv else None, kv_dtype=cfg.store_kv, target_lse=feats, meta=meta,
         meta_defaults={"target_config": target_config_defaults(),
                        "data": {"responses": "regenerate", "store_kv": None}},
         indexed=True,
@@ -348,7 +356,8 @@ def _fill(cfg: DataConfig, target, folder: Path, *, progress: bool, stop_after_b
                     outs = target_features(target, [r["input_ids"] for r in records], cfg.feature_layer_ids,
                                            batch_rows=size, kv_dtype=cfg.store_kv)
                     for r, out in zip(records, outs):
-                        r.update(zip(("features", "last_hidden", "kv"), out))
+                        r.update(out if store.has("target_lse") else
+                                 {k: v for k, v in out.items() if k != "target_lse"})
                 store.append(records, skipped=skipped)
                 store.commit()
                 processed += 1

@@ -13,6 +13,8 @@ Layout of a store folder (levanter's jagged-array pattern: flat data + offsets):
                                                prepare's global prompt plan, the order training reads
     features/          zarr3 bf16   [T, F]     optional: target features of the chosen layers
     last_hidden/       zarr3 bf16   [T, d]     optional: final-normed last hidden state
+    target_lse/        zarr3 f32    [T, 1]     optional (stores `prepare` writes with features): log-sum-exp of
+                                               the target's logits at that (bf16) last hidden state
     kv/                zarr3 kv_dtype [T, W]   optional: every target layer's K/V (`train/kv_rows.py`), the
                                                recorded prefix DVD's verification attends to (float32 or bf16)
     ids.jsonl          one JSON string per record: its source conversation id
@@ -63,12 +65,12 @@ _NP = {"bfloat16": BF16, "float32": np.float32}
 # name -> (zarr3 dtype, numpy dtype, compress): token arrays compress well, bf16 activations do not.
 _FLAT = {"tokens": ("int32", np.int32, True), "loss_mask": ("uint8", np.uint8, True)}
 # per-token row arrays: name -> the meta.json key of their width (kv: its dtype under "kv_dtype", else bf16)
-_ROWS = {"features": "feature_dim", "last_hidden": "hidden", "kv": "kv_dim"}
+_ROWS = {"features": "feature_dim", "last_hidden": "hidden", "target_lse": "lse_dim", "kv": "kv_dim"}
 KV_DTYPES = ("float32", "bfloat16")
 
 
 def _row_dtype(info: Mapping[str, Any], name: str) -> str:
-    return info["kv_dtype"] if name == "kv" else "bfloat16"
+    return info["kv_dtype"] if name == "kv" else "float32" if name == "target_lse" else "bfloat16"
 
 
 def _spec(folder: Path, name: str) -> dict:
@@ -121,7 +123,7 @@ class ResponseStore:
         self.info = read_json(info_file, "response store metadata", error=DataError)
         if self.info.get("format") != FORMAT or self.info.get("version") != VERSION:
             raise DataError(f"{self.path}: not a version-{VERSION} response store (meta.json)")
-        for k in ("feature_dim", "hidden", "kv_dim"):
+        for k in ("feature_dim", "hidden", "lse_dim", "kv_dim"):
             v = self.info.get(k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise DataError(f"invalid {k} {v!r} in response store metadata {info_file}")
@@ -167,6 +169,7 @@ class ResponseStore:
         hidden: int | None = None,
         kv_dim: int | None = None,
         kv_dtype: str | None = None,
+        target_lse: bool = False,
         meta: Mapping[str, Any] | None = None,
         meta_defaults: Mapping[str, Any] | None = None,
         indexed: bool = False,
@@ -176,7 +179,8 @@ class ResponseStore:
         (one `CarryoverError` listing every difference: K/V are never added to a store written without
         them). A flattened meta key missing on one side reads as its `meta_defaults` value, so a store
         written before a config field existed still opens when the field has its default. A store created
-        `indexed` records each record's plan index (an existing store keeps the layout it was created with)."""
+        `indexed` records each record's plan index, one created with `target_lse` each token's log-sum-exp of
+        the target's logits (an existing store keeps the layout it was created with: `has`)."""
         path = Path(path)
         if kv_dim is not None and kv_dtype not in KV_DTYPES:
             raise CarryoverError(f"stored K/V rows need a kv_dtype in {KV_DTYPES}, got {kv_dtype!r}")
@@ -184,6 +188,8 @@ class ResponseStore:
                 "meta": _jsonable(dict(meta or {}))}
         if kv_dim is not None:  # absent otherwise: meta.json of a store without K/V is as before
             want.update(kv_dim=kv_dim, kv_dtype=kv_dtype)
+        if target_lse:
+            want["lse_dim"] = 1
         if not (path / "meta.json").is_file():
             if path.exists() and any(path.iterdir()):
                 raise CarryoverError(f"{path}: exists and is not a response store; choose an empty or new folder")
@@ -315,6 +321,10 @@ class ResponseStore:
         """Ids a resumed run must not redo: committed records and committed skips."""
         return set(self.ids()) | set(self._read_lines("skipped.jsonl", self._commit["skipped_bytes"]))
 
+    def has(self, name: str) -> bool:
+        """Whether the store holds the per-token array `name` ("features", "last_hidden", "target_lse", "kv")."""
+        return name in self._arrays
+
     @property
     def indexed(self) -> bool:
         """Whether the records carry their plan index (stores `prepare` creates do)."""
@@ -371,8 +381,8 @@ class ResponseStore:
 
     def get(self, i: int, *, max_len: int | None = None, features: bool = True,
             kv: bool = False) -> dict[str, np.ndarray]:
-        """Record `i` (its first `max_len` tokens), with the feature arrays when stored and `features`, and
-        its K/V rows when stored and `kv`."""
+        """Record `i` (its first `max_len` tokens), with the feature arrays (and "target_lse") when stored and
+        `features`, and its K/V rows when stored and `kv`."""
         if not 0 <= i < len(self):
             raise IndexError(f"record {i} out of range for a store of {len(self)}")
         a, b = int(self._offsets[i]), int(self._offsets[i + 1])
@@ -396,8 +406,8 @@ class ResponseStore:
     # ---- writing -----------------------------------------------------------------------------------
     def append(self, records: Iterable[Mapping[str, Any]], *, skipped: Iterable[str] = ()) -> None:
         """Write records past the pending end (invisible until `commit`). Each record: "id",
-        "input_ids" [S], "loss_mask" [S], "features" [S, F] / "last_hidden" [S, d] / "kv" [S, W] when
-        the store has them, and "index" (its plan index) when the store is indexed. `skipped` ids are
+        "input_ids" [S], "loss_mask" [S], "features" [S, F] / "last_hidden" [S, d] / "target_lse" [S, 1] /
+        "kv" [S, W] when the store has them, and "index" (its plan index) when the store is indexed. `skipped` ids are
         remembered as done without a record."""
         if not self.writable:
             raise CarryoverError(f"{self.path}: opened read-only; use ResponseStore.create_or_open to append")
@@ -561,6 +571,9 @@ class StoreView:
     def meta(self) -> dict[str, Any]:
         return {k: v for k, v in self.shards[0].meta.items() if k != "shard"}
 
+    def has(self, name: str) -> bool:
+        return self.shards[0].has(name)  # shards agree (`_open_shards`)
+
     @property
     def num_tokens(self) -> int:
         return sum(s.num_tokens for s in self.shards)
@@ -625,6 +638,7 @@ def _open_shards(root: Path, folders: dict[tuple[int, int], Path]) -> list[Respo
         meta = _flatten({k: v for k, v in st.meta.items() if k != "shard"})
         diffs = [k for k in sorted(set(ref_meta) | set(meta)) if ref_meta.get(k) != meta.get(k)]
         diffs += [k for k in ("feature_dim", "hidden", "kv_dim", "kv_dtype") if getattr(st, k) != getattr(ref, k)]
+        diffs += ["target_lse"] * (st.has("target_lse") != ref.has("target_lse"))
         if plan != plans[0]:  # the same prompt plan: same source file, split and prompt filter
             diffs.append(f"plan_size ({plans[0]!r} vs {plan!r} prompts)")
         if diffs:
