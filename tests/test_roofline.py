@@ -4,6 +4,7 @@ heads and 2 K/V heads of 16, vocabulary 97, untied head)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -39,8 +40,9 @@ def test_decode_and_feature_costs_match_a_hand_count(tiny):
     assert v.bytes == 4 * TARGET_WEIGHTS + 2 * 3 * 2 * 2 * 16 * 104 * 4
 
     f = F.feature_pass_cost(tiny.cfg, tiny.params, rows=4, seq=96)
-    assert f.flops == 384 * TOKEN_FLOPS + ATTN_PER_KEY * 384 * 48.5  # no head; causal: (96 + 1) / 2 keys
-    assert f.bytes == 4 * 3 * (LAYER_MACS + 2 * 64)
+    # the head at every token (the stored log-sum-exp); causal: (96 + 1) / 2 keys
+    assert f.flops == 384 * (TOKEN_FLOPS + HEAD_FLOPS) + ATTN_PER_KEY * 384 * 48.5
+    assert f.bytes == 4 * (3 * (LAYER_MACS + 2 * 64) + 64 * 97)
 
     pre, steps = F.generation_costs(tiny.cfg, tiny.params, batch=16, prompt_len=100, new_tokens=5)
     assert pre.flops == 1600 * TOKEN_FLOPS + 16 * HEAD_FLOPS + ATTN_PER_KEY * 1600 * 50.5
@@ -76,6 +78,12 @@ def test_train_costs_match_a_hand_count(tiny):
     assert t("dvd", True, kv=True) == baseline - features + body + head + verify  # unless the store holds them
 
     drafter_params = LAYER_MACS + 2 * 64 + 2 * 16 + 2 * 64 * 64 + 3 * 64  # its layer (q/k norms), fc, 2 norms, e_rej
+    # a draft vocabulary of K ids with stored features: the teacher's head over its K columns (the stored
+    # log-sum-exp), the drafter's own head over K, trained
+    dk = dataclasses.replace(d.cfg, draft_vocab=tuple(range(5, 45)))
+    assert (F.train_flops(tiny.cfg, dk, tiny.params, d.params, stored_features=True, **kw)["target_head"]
+            == HEAD_FLOPS * r * 40 / 97)
+    assert F.train_flops(tiny.cfg, dk, tiny.params, d.params, **kw)["target_head"] == HEAD_FLOPS * r
     c = F.train_cost(tiny.cfg, d.cfg, tiny.params, d.params, mode="baseline", stored_features=True, **kw)
     assert c.bytes == 4 * (64 * 97 + 3 * drafter_params)  # the head, the drafter's params + 2 Adam moments
     c = F.train_cost(tiny.cfg, d.cfg, tiny.params, d.params, mode="dvd", stored_features=True, **kw)

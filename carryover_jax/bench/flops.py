@@ -98,10 +98,13 @@ def generation_costs(cfg: TargetConfig, params, *, batch: int, prompt_len: int, 
 
 def feature_pass_cost(cfg: TargetConfig, params, *, rows: int, seq: int) -> Cost:
     """The target feature forward of prepare (`train.responses.target_features`): `rows` sequences of
-    `seq` tokens through every layer, causal attention, no LM head; reads the layers' weights."""
+    `seq` tokens through every layer, causal attention, and the LM head at every token (its log-sum-exp);
+    reads the layers' and the head's weights."""
     q = rows * seq
-    flops = q * dense_flops_per_token(params["layers"]) + attention_flops(cfg, q, (seq + 1) / 2)
-    return Cost(flops, tree_bytes(params["layers"]))
+    flops = q * (dense_flops_per_token(params["layers"]) + head_flops_per_row(cfg)) + attention_flops(cfg, q,
+                                                                                                    (seq + 1) / 2)
+    head = params["embed_tokens"] if cfg.tie_word_embeddings else params["lm_head"]
+    return Cost(flops, tree_bytes(params["layers"]) + tree_bytes(head))
 
 
 TRAIN_FLOPS_DOC = (
@@ -112,7 +115,8 @@ TRAIN_FLOPS_DOC = (
     "anchors' blocks (fc and the K/V of the context rows, draft layers, attention to each block's context "
     "prefix (mean S/2) + its block), forward + backward, and its head on the P proposal rows (a draft "
     "vocabulary's own head is trained; the target's frozen head needs forward + input gradient); the "
-    "target's LM head on the same rows (the aligned teacher logits). DVD and control add draft 1 (drafter "
+    "target's LM head on the same rows (the aligned teacher logits; with stored features and a draft vocabulary "
+    "only its draft-vocabulary columns, the store holding the log-sum-exp over the rest). DVD and control add draft 1 (drafter "
     "forward); DVD adds verification (target forward over the blocks' P proposals, attending to their prefix "
     "+ causally in the block). Element-wise ops, norms, softmax and DVD's carried rows (their K/V, and the "
     "projection module of carry_module=projection) not counted.")
@@ -139,7 +143,8 @@ def train_flops(tcfg: TargetConfig, dcfg: DrafterConfig, target_params, draft_pa
     d_head = head_flops_per_row(tcfg, len(dcfg.draft_vocab) or None) * r
     # a draft vocabulary's head is the drafter's own (trained); the whole vocabulary's is the target's (frozen)
     out["drafter_train"] = float(3 * body + (3 if dcfg.draft_vocab else 2) * d_head)
-    out["target_head"] = float(head_flops_per_row(tcfg) * r)
+    # a store `prepare` wrote holds the log-sum-exp: the teacher needs the draft vocabulary's columns only
+    out["target_head"] = float(head_flops_per_row(tcfg, (stored_features and len(dcfg.draft_vocab)) or None) * r)
     if mode != "baseline":
         out["draft1"] = float(body + d_head)
     if mode == "dvd":

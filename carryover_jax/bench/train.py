@@ -94,8 +94,8 @@ def run(cfg: TrainConfig, *, steps: int = 6, progress: bool = True) -> dict[str,
 
 def synthetic_batch(cfg: TrainConfig, target, dcfg: DrafterConfig, *, stored: bool) -> dict[str, jax.Array]:
     """One batch of the config's shape: random tokens, the loss mask on the last three quarters; with `stored`,
-    the target's features of it too (what a response store holds), and its K/V rows ("kv") where the config
-    stores them (`data.store_kv`)."""
+    the target's features and log-sum-exp of it too (what a response store holds), and its K/V rows ("kv")
+    where the config stores them (`data.store_kv`)."""
     rng = np.random.default_rng(0)
     b, s = cfg.batch_size, cfg.data.max_len
     ids = rng.integers(10, target.cfg.vocab_size, (b, s)).astype(np.int32)
@@ -137,7 +137,9 @@ def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
     """Step time of DVD training, of its control and of baseline training with the EDR objective
     (`loss.objective=edr`) against baseline steps on the same batch (stored and online features),
     interleaved call by call in one process; medians in ms. With `data.store_kv`, DVD both with the stored
-    K/V and with them recomputed (a target pass over the recorded sequences, as without)."""
+    K/V and with them recomputed (a target pass over the recorded sequences, as without). With a draft
+    vocabulary, the baseline and EDR steps also as from a store without the target's log-sum-exp (the whole
+    LM head at every supervised row)."""
     from carryover_jax.train.loop import build_drafter
     target = load_target(cfg.target, numerics=cfg.run_numerics())
     dcfg, params = build_drafter(cfg, target)
@@ -149,6 +151,10 @@ def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:
             "baseline + edr objective": ("baseline", stored), "dvd": ("dvd", stored), "control": ("control", stored)}
     if "kv" in with_kv:
         arms["dvd (stored K/V)"] = ("dvd", with_kv)
+    if "target_lse" in stored and dcfg.draft_vocab:  # as from a store without it: the LM head over every id
+        whole = {k: v for k, v in stored.items() if k != "target_lse"}
+        arms.update({"baseline (stored features, whole head)": ("baseline", whole),
+                     "baseline + edr objective (whole head)": ("baseline", whole)})
     calls = {name: step_call(cfg, target, dcfg, params, batch, mode=mode, objective="edr" if "edr" in name else "ce")
              for name, (mode, batch) in arms.items()}
     ms = interleaved_ms(calls, steps)

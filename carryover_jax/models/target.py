@@ -296,7 +296,10 @@ def head_at(cfg: TargetConfig, columns: Array, h: Array) -> Array:
     return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
-def head_logsumexp(cfg: TargetConfig, params, h: Array, chunk: int = 1024) -> Array:
+LSE_CHUNK = 1024  # rows of `head_logsumexp`'s [rows, V] float32 logits at once
+
+
+def head_logsumexp(cfg: TargetConfig, params, h: Array, chunk: int = LSE_CHUNK) -> Array:
     """log Σ_v exp(logit_v) of `TargetLM.head` at each row of h [..., d] -> float32 [...], `chunk` rows at a
     time (a [rows, V] float32 block at once)."""
     rows = h.reshape(-1, h.shape[-1])

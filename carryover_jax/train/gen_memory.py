@@ -12,7 +12,8 @@ reuses a finished layer's buffers) at the larger of the two device passes:
   cudnn, or auto on CUDA), and the float32 logits the sampler works on;
 - the feature pass of `store_features` (no cache): one record of max_prompt_tokens + max_new_tokens
   tokens per row, its tapped layers kept in the compute dtype and as bfloat16 (with `store_kv`, every
-  layer's K/V too, in the compute dtype and the stored one).
+  layer's K/V too, in the compute dtype and the stored one), and the float32 logits of up to `LSE_CHUNK` rows
+  at a time for the stored log-sum-exp.
 The budget is per process: `prepare` runs its target on one device.
 """
 
@@ -25,7 +26,7 @@ from carryover_jax.bounds import SIZE_MAX
 from carryover_jax.config import DataConfig, TargetConfig
 from carryover_jax.decode.generate import plan_lengths
 from carryover_jax.errors import ConfigError
-from carryover_jax.models.target import new_cache
+from carryover_jax.models.target import LSE_CHUNK, new_cache
 from carryover_jax.numerics import canonical_platform
 from carryover_jax.train.kv_rows import kv_width
 
@@ -79,6 +80,7 @@ def generation_bytes(cfg: DataConfig, tcfg: TargetConfig, batch: int, platform: 
         if cfg.store_kv:
             taps += kv_width(tcfg) * (tcfg.numerics.compute.itemsize + jnp.dtype(cfg.store_kv).itemsize)
         features = _layer_bytes(tcfg, batch, length, length, dense) + batch * length * taps
+        features += 2 * min(batch * length, LSE_CHUNK) * tcfg.vocab_size * 4  # the stored log-sum-exp's logits
         if features > total:
             cache, act, total = 0, features, features
     return {"cache": cache, "activations": act, "total": total}

@@ -18,7 +18,7 @@ from carryover_jax.numerics import argmax
 from carryover_jax.train import anchors as A
 from carryover_jax.train import edr
 from carryover_jax.train.objectives import (acceptance, combine, draft_vocab_probs, l1_distance, prob_terms,
-                                            target_probs)
+                                            row_terms, target_probs)
 from carryover_jax.train.step_config import StepConfig
 
 
@@ -72,7 +72,7 @@ def teacher(sc: StepConfig, target_params, lse):
     the drafter's vocabulary (`objectives.target_probs`), or None where the logits themselves are needed.
 
     With the stored log-sum-exp (`batch_lse`) and a draft vocabulary only the head's K columns are computed
-    (an 8,192-token vocabulary: a sixth of SmolLM2's head, which was ~40% of a CPU training step) — the
+    (an 8,192-token vocabulary: a sixth of SmolLM2's head, which was over a quarter of a CPU step) — the
     same probabilities up to float32 rounding. Self-distilled labels (`loss.labels=target`) need the
     target's argmax over the whole vocabulary, so they keep the full head."""
     dc = sc.drafter
@@ -104,7 +104,7 @@ def block_terms(params, sc: StepConfig, target_params, frozen, ids, feats, last,
         zt = jax.lax.stop_gradient(TargetLM(sc.target).apply({"params": target_params}, thc, method=TargetLM.head))
         if sc.loss.labels == "target":  # self-distillation: what the target itself would say at this point
             lc = argmax(zt).astype(lc.dtype)
-        return prob_terms(z, target_probs(zt, dc.draft_vocab), lc, dc.draft_vocab, zt.shape[-1])
+        return row_terms(z, zt, lc, dc.draft_vocab)
 
     out = chunked_rows(terms, (h, th, labels, previous_tokens(dc, blk), tl), sc.loss.chunk_rows)
     return tuple(x.reshape(b, n, p) for x in out)
