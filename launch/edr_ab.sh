@@ -7,8 +7,8 @@
 #   PROMPTS=1000 STEPS=1200 (default): the previous default's size. Measured on 2 CPU cores (AMD EPYC, alone on the
 #   machine, 2026-12-03) up to the first eval's report: 49.9 min. Prepare 13.4 min (976 records), CE + KL training
 #   12.3 min (1.69 steps/s), the EDR arm 16.5 min (1.24 steps/s), the eval 7.7 min (recording the 534 rollouts 3.4,
-#   scoring both arms 4.0); the equal-compute arm and the second eval add COMPUTE_ADD
-#   (docs/experiments/teacher-lse-2026-12-03).
+#   scoring both arms 4.0); the equal-compute arm (1,633 steps, 16.8 min) and the three arms' scoring (4.9 min) add
+#   21.7 min (docs/experiments/teacher-lse-2026-12-03).
 #   PROMPTS=2304 STEPS=2400: the shipped config's size (~2x that).
 # OUT=runs/edr-ab by default; EVAL_PROMPTS per dataset (default 400: all that fit), EVAL_TOKENS (default 64).
 set -euo pipefail

@@ -64,7 +64,8 @@ _NP = {"bfloat16": BF16, "float32": np.float32}
 
 # name -> (zarr3 dtype, numpy dtype, compress): token arrays compress well, bf16 activations do not.
 _FLAT = {"tokens": ("int32", np.int32, True), "loss_mask": ("uint8", np.uint8, True)}
-# per-token row arrays: name -> the meta.json key of their width (kv: its dtype under "kv_dtype", else bf16)
+# per-token row arrays: name -> the meta.json key of their width (kv: its dtype under "kv_dtype", target_lse:
+# float32, else bf16)
 _ROWS = {"features": "feature_dim", "last_hidden": "hidden", "target_lse": "lse_dim", "kv": "kv_dim"}
 KV_DTYPES = ("float32", "bfloat16")
 
