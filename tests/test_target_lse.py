@@ -58,7 +58,7 @@ def _dc(tcfg):  # a draft vocabulary: DFlash only (the Markov head maps the whol
 @pytest.mark.parametrize("name,mode,objective,chunk", [
     ("untied", "baseline", "ce", 0), ("tied", "baseline", "ce", 7), ("softcap", "baseline", "ce", 3),
     ("untied", "baseline", "edr", 5), ("tied", "dvd", "ce", 0), ("softcap", "control", "ce", 0)])
-def test_training_from_the_stored_logsumexp_equals_the_full_head(name, mode, objective, chunk):
+def test_training_from_the_stored_logsumexp_equals_the_full_head(name, mode, objective, chunk, monkeypatch):
     tcfg = TARGETS[name]
     dc = _dc(tcfg)
     cfg = TrainConfig(loss=LossConfig(mode=mode, objective=objective, kl_weight=1.0, l1_weight=0.5, chunk_rows=chunk),
@@ -68,12 +68,14 @@ def test_training_from_the_stored_logsumexp_equals_the_full_head(name, mode, obj
     params = init_drafter_params(dc, jax.random.key(1))
     with_lse = _stored(tcfg, tp)
     without = {k: v for k, v in with_lse.items() if k != "target_lse"}
-    assert losses.teacher(sc, tp, losses.batch_lse(with_lse)) is not None  # the draft-vocabulary path runs
-    assert losses.batch_lse(without) is None
+    calls = _count_head_at(monkeypatch)
     loss_fn = losses.baseline_loss if mode == "baseline" else dvd.dvd_loss
     run = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, sc, tp, b, jax.random.key(3)), has_aux=True))
     (l_fast, m_fast), g_fast = run(params, with_lse)
+    assert calls and all(k == len(VOCAB) for k in calls)  # the draft-vocabulary columns ran, and only they
+    calls.clear()
     (l_full, m_full), g_full = run(params, without)
+    assert not calls  # without the stored value: the whole head
     assert abs(float(m_full["kl_loss"])) > 1e-3  # a real distribution to match, not 0 == 0
     np.testing.assert_allclose(float(l_fast), float(l_full), rtol=1e-5)
     assert m_fast.keys() == m_full.keys()
@@ -82,12 +84,23 @@ def test_training_from_the_stored_logsumexp_equals_the_full_head(name, mode, obj
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6), g_fast, g_full)
 
 
-def test_self_distilled_labels_and_the_full_vocabulary_keep_the_full_head():
+def _count_head_at(monkeypatch):
+    """The widths (K) of every `head_at` call traced from now on."""
+    calls, real = [], losses.head_at
+    monkeypatch.setattr(losses, "head_at", lambda cfg, cols, h: calls.append(cols.shape[0 if cfg.tie_word_embeddings
+                                                                                      else 1]) or real(cfg, cols, h))
+    return calls
+
+
+def test_self_distilled_labels_and_the_full_vocabulary_keep_the_full_head(monkeypatch):
     tp = init_params(TCFG, jax.random.key(0))
-    lse = _stored(TCFG, tp)["target_lse"][..., 0]
+    batch = _stored(TCFG, tp)
+    calls = _count_head_at(monkeypatch)
     for dc, labels in ((_dc(TCFG), "target"), (dataclasses.replace(_dc(TCFG), draft_vocab=()), "data")):
         sc = step_config(TrainConfig(loss=LossConfig(labels=labels), num_anchors=5), TCFG, dc)
-        assert losses.teacher(sc, tp, lse) is None
+        params = init_drafter_params(dc, jax.random.key(1))
+        jax.make_jaxpr(lambda p: losses.baseline_loss(p, sc, tp, batch, jax.random.key(3)))(params)
+    assert not calls
 
 
 def test_a_store_keeps_the_layout_it_was_created_with(tmp_path):

@@ -69,17 +69,23 @@ def block_loss(params, sc: StepConfig, target_params, frozen, ids, feats, last, 
 
 def teacher(sc: StepConfig, target_params, lse):
     """fn(rows [R, d] of final-normed target hidden, their log-sum-exp [R]) -> the target's probabilities at
-    the drafter's vocabulary (`objectives.target_probs`), or None where the logits themselves are needed.
+    the drafter's vocabulary (`objectives.target_probs`), without gradient.
 
-    With the stored log-sum-exp (`batch_lse`) and a draft vocabulary only the head's K columns are computed
-    (an 8,192-token vocabulary: a sixth of SmolLM2's head, which was over a quarter of a CPU step) — the
-    same probabilities up to float32 rounding. Self-distilled labels (`loss.labels=target`) need the
-    target's argmax over the whole vocabulary, so they keep the full head."""
+    With the stored log-sum-exp (`batch_lse`, else None: the rows' values are then ignored) and a draft
+    vocabulary only the head's K columns are computed (an 8,192-token vocabulary: a sixth of SmolLM2's head,
+    which was over a quarter of a CPU step) — the same probabilities up to float32 rounding; otherwise the
+    whole head."""
     dc = sc.drafter
-    if lse is None or not dc.draft_vocab or sc.loss.labels == "target":
-        return None
+    if lse is None or not dc.draft_vocab:
+        return lambda h, _: jax.lax.stop_gradient(target_probs(
+            TargetLM(sc.target).apply({"params": target_params}, h, method=TargetLM.head), dc.draft_vocab))
     cols = head_columns(sc.target, target_params, jnp.asarray(dc.draft_vocab, jnp.int32))
     return lambda h, lse_rows: jax.lax.stop_gradient(draft_vocab_probs(head_at(sc.target, cols, h), lse_rows))
+
+
+def lse_at(lse, at):
+    """The log-sum-exp [B, S] at positions `at` [B, K], flattened; zeros (unread by `teacher`) without one."""
+    return jnp.zeros((at.size,), jnp.float32) if lse is None else jnp.take_along_axis(lse, at, 1).reshape(-1)
 
 
 def block_terms(params, sc: StepConfig, target_params, frozen, ids, feats, last, blk: A.Blocks, carried=None,
@@ -95,18 +101,16 @@ def block_terms(params, sc: StepConfig, target_params, frozen, ids, feats, last,
     th = jnp.take_along_axis(last, pred_at[..., None], axis=1).reshape(b * n * p, -1)
     labels = blk.labels.reshape(-1)
     probs_at = teacher(sc, target_params, lse)
-    tl = jnp.zeros((b * n * p,), jnp.float32) if probs_at is None else jnp.take_along_axis(lse, pred_at, 1).reshape(-1)
 
     def terms(hc, thc, lc, pc, tlc):
         z = draft_logits(params, dc, frozen, hc, pc)
-        if probs_at is not None:
-            return prob_terms(z, probs_at(thc, tlc), lc, dc.draft_vocab, sc.target.vocab_size)
-        zt = jax.lax.stop_gradient(TargetLM(sc.target).apply({"params": target_params}, thc, method=TargetLM.head))
-        if sc.loss.labels == "target":  # self-distillation: what the target itself would say at this point
-            lc = argmax(zt).astype(lc.dtype)
-        return row_terms(z, zt, lc, dc.draft_vocab)
+        if sc.loss.labels == "target":  # self-distillation: the target's argmax over the whole vocabulary
+            zt = jax.lax.stop_gradient(TargetLM(sc.target).apply({"params": target_params}, thc,
+                                                                 method=TargetLM.head))
+            return row_terms(z, zt, argmax(zt).astype(lc.dtype), dc.draft_vocab)
+        return prob_terms(z, probs_at(thc, tlc), lc, dc.draft_vocab, sc.target.vocab_size)
 
-    out = chunked_rows(terms, (h, th, labels, previous_tokens(dc, blk), tl), sc.loss.chunk_rows)
+    out = chunked_rows(terms, (h, th, labels, previous_tokens(dc, blk), lse_at(lse, pred_at)), sc.loss.chunk_rows)
     return tuple(x.reshape(b, n, p) for x in out)
 
 
@@ -209,11 +213,7 @@ def all_anchor_acceptance(params, sc: StepConfig, target_params, frozen, ids, lm
             h = proposal_hidden(params, dc, frozen, feats, blk, remat=sc.remat).reshape(b * g * p, -1)
             at = jax.lax.dynamic_slice_in_dim(order, i * g, g + p - 1, axis=1)  # candidates i*g .. i*g+g+P-2
             th = jnp.take_along_axis(last, at[..., None], axis=1).reshape(b * (g + p - 1), -1)
-            if probs_at is not None:
-                pt = chunked_rows(probs_at, (th, jnp.take_along_axis(lse, at, 1).reshape(-1)), sc.loss.chunk_rows)
-            else:
-                pt = chunked_rows(lambda x: target_probs(TargetLM(sc.target).apply(
-                    {"params": target_params}, x, method=TargetLM.head), dc.draft_vocab), (th,), sc.loss.chunk_rows)
+            pt = chunked_rows(probs_at, (th, lse_at(lse, at)), sc.loss.chunk_rows)
 
             def alpha(hc, rc, pc):
                 logp = jax.nn.log_softmax(draft_logits(params, dc, frozen, hc, pc).astype(jnp.float32), axis=-1)
