@@ -73,6 +73,7 @@ class Numerics:
     cache_dtype: str | None = None  # target KV cache and the drafter's context cache (None: dtype)
     attention_backend: str | None = None  # ATTENTION_BACKENDS
     lm_head: str | None = None  # LM_HEADS (a tied target head and the drafter's frozen head)
+    cache_bits: bool | None = None  # a bf16 cache stored as its uint16 bits (`models/cache.py`; CPU default)
 
     def __post_init__(self):
         for name in ("param_dtype", "drafter_param_dtype", "dtype", "cache_dtype"):
@@ -82,6 +83,8 @@ class Numerics:
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got "
                               f"{self.attention_backend!r}")
+        if self.cache_bits is not None and not isinstance(self.cache_bits, bool):
+            raise ConfigError(f"numerics.cache_bits must be a bool, got {self.cache_bits!r}")
         if self.lm_head is not None and self.lm_head not in LM_HEADS:
             raise ConfigError(f"numerics.lm_head must be one of {', '.join(LM_HEADS)}, got {self.lm_head!r}")
 
@@ -93,9 +96,9 @@ class Numerics:
         p = canonical_platform(platform)
         if p == "cpu":
             return cls(param_dtype="float32", drafter_param_dtype="float32", dtype="float32", cache_dtype="float32",
-                       attention_backend="einsum", lm_head="vocab_major")
+                       attention_backend="einsum", lm_head="vocab_major", cache_bits=True)
         return cls(param_dtype="bfloat16", drafter_param_dtype="float32", dtype="bfloat16", cache_dtype="bfloat16",
-                   attention_backend="auto", lm_head="plain")
+                   attention_backend="auto", lm_head="plain", cache_bits=False)
 
     @classmethod
     def for_platform(cls, platform: str | None = None, **overrides) -> "Numerics":
@@ -109,10 +112,11 @@ class Numerics:
         p = canonical_platform(platform)
         base = Numerics.platform_default(p)
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        # on CPU an unset cache dtype stays float32 whatever the compute dtype: XLA CPU has no bf16/fp16
-        # scatter or dynamic-update-slice, so every cache write of a narrow cache converts the whole buffer
-        # to float32 and back (SmolLM2 at batch 64: a step 2.2x slower than with a float32 cache)
-        follow = p != "cpu"
+        # the cache follows a narrow compute dtype; on CPU only bf16 does (stored as bits, `cache_bits`): XLA
+        # CPU has no fp16 scatter, so every write into an fp16 cache converts the whole buffer to float32
+        # and back (SmolLM2 at batch 64: a step 2.2x slower than with a float32 cache)
+        narrow = self.dtype or self.param_dtype
+        follow = p != "cpu" or (narrow == "bfloat16" and self.cache_bits is not False)
         if self.dtype is not None:
             out["param_dtype"] = out["param_dtype"] or self.dtype
             out["cache_dtype"] = out["cache_dtype"] or (self.dtype if follow else None)
@@ -188,6 +192,13 @@ class Numerics:
     @property
     def cache(self):
         return _jnp_dtype(self.cache_dtype or self.dtype)
+
+    @property
+    def cache_storage(self):
+        """The dtype cache buffers are allocated in: `cache`, or uint16 for a bf16 cache kept as bits."""
+        import jax.numpy as jnp
+
+        return jnp.uint16 if self.cache_bits and self.cache == jnp.bfloat16 else self.cache
 
     def describe(self) -> str:
         return (f"params {self.param_dtype} (drafter {self.drafter_param_dtype}), compute {self.dtype}, "

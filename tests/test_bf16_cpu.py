@@ -1,6 +1,6 @@
-"""bf16 on a CPU: the dots run the CPU's bf16 kernels (no float32 copy of any weight or cache), the cache
-stays float32 unless asked, the logits follow float32 within bf16's rounding, and a CPU without native bf16
-gets one warning line."""
+"""bf16 on a CPU: the dots run the CPU's bf16 kernels (no float32 copy of any weight or cache), a bf16 cache
+is stored as its uint16 bits and reads back the same numbers, the logits follow float32 within bf16's
+rounding, and a CPU without native bf16 gets one warning line."""
 
 import re
 
@@ -16,11 +16,11 @@ from carryover_jax.models.target import TargetLM, new_cache
 from carryover_jax.numerics import Numerics, dot_f32
 
 
-def _f32_copies_of_params(hlo: str, params) -> list[str]:
-    """The float32 arrays of a narrow weight's shape that a compiled program materialises: instructions of
-    its unfused computations (entry, loop bodies) whose result has that shape. (A convert fused into a
-    gather or a dot's own fusion touches only what it reads and is not listed.)"""
-    shapes = {",".join(map(str, x.shape)) for x in jax.tree_util.tree_leaves(params) if x.ndim == 2}
+def _f32_copies(hlo: str, arrays) -> list[str]:
+    """The float32 arrays of a narrow weight's or cache buffer's shape that a compiled program materialises:
+    instructions of its unfused computations (entry, loop bodies) whose result has that shape. (A convert
+    fused into a gather or a dot's own fusion touches only what it reads and is not listed.)"""
+    shapes = {",".join(map(str, x.shape)) for x in jax.tree_util.tree_leaves(arrays) if x.ndim >= 2}
     found, fused = [], False
     for line in hlo.splitlines():
         if line.startswith(("%", "ENTRY")):
@@ -32,28 +32,57 @@ def _f32_copies_of_params(hlo: str, params) -> list[str]:
     return found
 
 
-def test_cpu_bf16_keeps_a_float32_cache_and_a_plain_head_unless_asked():
+def test_cpu_bf16_caches_in_bf16_bits_and_a_plain_head_unless_asked():
     bf = Numerics.for_platform("cpu", dtype="bfloat16")
-    assert (bf.param_dtype, bf.dtype, bf.cache_dtype) == ("bfloat16", "bfloat16", "float32")
-    assert Numerics.for_platform("cpu", param_dtype="bfloat16").cache_dtype == "float32"
-    assert Numerics.for_platform("cpu", dtype="bfloat16", cache_dtype="bfloat16").cache_dtype == "bfloat16"
+    assert (bf.param_dtype, bf.dtype, bf.cache_dtype, bf.cache_bits) == ("bfloat16", "bfloat16", "bfloat16", True)
+    assert bf.cache_storage == jnp.uint16 and Numerics.for_platform("cpu").cache_storage == jnp.float32
+    assert Numerics.for_platform("cpu", param_dtype="bfloat16").cache_dtype == "bfloat16"
+    assert Numerics.for_platform("cpu", dtype="bfloat16", cache_dtype="float32").cache_dtype == "float32"
+    # without bits storage every write would convert the whole bf16 buffer: float32 then, unless asked
+    assert Numerics.for_platform("cpu", dtype="bfloat16", cache_bits=False).cache_dtype == "float32"
     # and the LM head in the form XLA CPU's bf16 kernel streams fastest, unless asked
     assert (bf.lm_head, Numerics.for_platform("cpu").lm_head) == ("plain", "vocab_major")
     assert Numerics.for_platform("cpu", dtype="bfloat16", lm_head="vocab_major").lm_head == "vocab_major"
     assert Numerics.for_platform("cuda", dtype="bfloat16").cache_dtype == "bfloat16"
-    assert Numerics.for_platform("tpu", param_dtype="bfloat16").cache_dtype == "bfloat16"
+    assert Numerics.for_platform("tpu", param_dtype="bfloat16").cache_storage == jnp.bfloat16
 
 
 @pytest.mark.parametrize("batch", [1, 4])
-def test_bf16_decode_step_converts_no_weight_to_float32(tiny_llama, batch):
+def test_bf16_decode_step_converts_no_weight_or_cache_to_float32(tiny_llama, batch):
     """XLA CPU has no bf16 x bf16 -> bf16 kernel, nor a one-row bf16 one: a dot of either kind converts its
     weight to float32 at every step (slower than float32 weights). Every dot of the AR step must reach the
-    CPU's bf16 kernels: batch 1 is the one-row case (`numerics.dot_f32`)."""
+    CPU's bf16 kernels: batch 1 is the one-row case (`numerics.dot_f32`). Nor has it a bf16 scatter: a
+    write into a bf16 cache, or a while loop carrying one, converts the whole buffer; the bits storage
+    must leave no float32 array of a cache buffer's shape."""
     t = load_target(tiny_llama.path, tokenizer=False, dtype="bfloat16")
-    cache = new_cache(t.cfg, batch, 32).with_lengths(jnp.full((batch,), 5, jnp.int32))
+    cache = new_cache(t.cfg, batch, 256).with_lengths(jnp.full((batch,), 5, jnp.int32))
+    assert all(x.dtype == jnp.uint16 for x in cache.k + cache.v)
     hlo = ar.step.lower(t.cfg, t.params, cache, jnp.zeros((batch,), jnp.int32)).compile().as_text()
-    assert _f32_copies_of_params(hlo, t.params) == []
-    assert all(x.dtype == jnp.float32 for x in new_cache(t.cfg, 1, 8).k)
+    assert _f32_copies(hlo, t.params) == []
+    assert _f32_copies(hlo, (cache.k, cache.v)) == []
+
+
+def test_bits_storage_reads_back_the_same_numbers(tiny_llama):
+    """A bf16 cache stored as bits and a plain bf16 cache give bit-identical logits through prefill and
+    steps (the bits are the bf16 numbers; only the storage dtype differs)."""
+    bits = load_target(tiny_llama.path, tokenizer=False, dtype="bfloat16")
+    plain_cfg = bits.cfg.with_numerics(bits.cfg.numerics.replace(cache_bits=False, cache_dtype="bfloat16"))
+    ids = jnp.asarray(np.random.default_rng(2).integers(3, 97, size=(3, 16)), jnp.int32)
+    lens = jnp.asarray([16, 9, 12], jnp.int32)
+    out = []
+    for cfg in (bits.cfg, plain_cfg):
+        cache, logits = ar.prefill(cfg, bits.params, ids, lens, max_len=300)
+        seq = [logits]
+        for _ in range(3):
+            logits, cache = ar.step(cfg, bits.params, cache, jnp.argmax(logits, -1).astype(jnp.int32))
+            seq.append(logits)
+        out.append((jnp.stack(seq), cache))
+    (a, ca), (b, cb) = out
+    assert ca.k[0].dtype == jnp.uint16 and cb.k[0].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    from carryover_jax.models.cache import values
+    for x, y in zip(ca.k + ca.v, cb.k + cb.v):
+        np.testing.assert_array_equal(np.asarray(values(x), np.float32), np.asarray(y, np.float32))
 
 
 def test_one_row_dot_equals_the_plain_product():

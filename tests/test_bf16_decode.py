@@ -32,8 +32,12 @@ def test_bf16_target_loads_caches_and_follows_float32_greedy(tiny_llama):
     bf = load_target(tiny_llama.path, tokenizer=False, numerics=BF16)
     assert f32.cfg.dtype == "float32" and all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(f32.params))
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(bf.params))
+    from carryover_jax.models.cache import values
     from carryover_jax.models.target import new_cache
-    assert all(k.dtype == jnp.bfloat16 for k in new_cache(bf.cfg, 1, 8).k)
+    # on CPU the bf16 cache is stored as its uint16 bits (cache_bits), read back as bf16
+    assert all(k.dtype == jnp.uint16 and values(k).dtype == jnp.bfloat16 for k in new_cache(bf.cfg, 1, 8).k)
+    plain = bf.cfg.with_numerics(bf.cfg.numerics.replace(cache_bits=False))
+    assert all(k.dtype == jnp.bfloat16 for k in new_cache(plain, 1, 8).k)
     prompts = _prompts()
     want = generate(f32, prompts, max_new_tokens=MAX_NEW, stop_token_ids=[])
     got = generate(bf, prompts, max_new_tokens=MAX_NEW, stop_token_ids=[])

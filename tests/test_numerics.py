@@ -31,10 +31,14 @@ def test_cuda_numerics_resolve_from_a_cpu_process():
     assert cpu == REFERENCE == Numerics.for_platform("cpu")
     assert (cpu.param_dtype, cpu.dtype, cpu.attention_backend, cpu.lm_head) == ("float32", "float32", "einsum",
                                                                                  "vocab_major")
-    # an explicit compute dtype carries the target's params (and caches, but on CPU: test_bf16_cpu); the
-    # drafter's params stay float32
+    # an explicit compute dtype carries the target's params and caches (on CPU a bf16 cache only, stored as
+    # bits unless cache_bits=False; test_bf16_cpu); the drafter's params stay float32
     bf = Numerics.for_platform("cpu", dtype="bfloat16")
-    assert (bf.param_dtype, bf.cache_dtype, bf.drafter_param_dtype) == ("bfloat16", "float32", "float32")
+    assert (bf.param_dtype, bf.cache_dtype, bf.drafter_param_dtype, bf.cache_bits) == ("bfloat16", "bfloat16",
+                                                                                     "float32", True)
+    assert Numerics.for_platform("cpu", dtype="bfloat16", cache_bits=False).cache_dtype == "float32"
+    assert Numerics.for_platform("cpu", dtype="float16").cache_dtype == "float32"
+    assert not Numerics.for_platform("cuda").cache_bits
     assert Numerics.for_platform("cuda", dtype="float32").param_dtype == "float32"
     assert Numerics.for_platform("cuda", cache_dtype="float32").dtype == "bfloat16"
     with pytest.raises(ConfigError, match="unknown platform 'metal'"):

@@ -27,7 +27,7 @@ Array = jax.Array
 def new_context_cache(cfg: DrafterConfig, batch: int, max_len: int) -> KVCache:
     bc = cfg.backbone
     return KVCache.zeros(num_layers=bc.num_layers, batch=batch, max_len=max_len,
-                         num_kv_heads=bc.layer_kv_heads(0), head_dim=bc.layer_head_dim(0), dtype=bc.numerics.cache)
+                         num_kv_heads=bc.layer_kv_heads(0), head_dim=bc.layer_head_dim(0), dtype=bc.numerics.cache_storage)
 
 
 def fuse_rows(cfg: DrafterConfig, params, features: Array) -> Array:

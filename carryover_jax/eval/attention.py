@@ -25,6 +25,7 @@ import numpy as np
 
 from carryover_jax.decode import drafting as D
 from carryover_jax.models.drafter import Drafter, carried_segment_mask, frozen_from_target
+from carryover_jax.models.cache import values
 from carryover_jax.models.layers import LiveMask
 
 WINDOW = 16  # context rows before the anchor shown (the paper's figure crops the context too)
@@ -71,7 +72,7 @@ def round_attention(sc, target_params, draft_params, s, *, window: int = WINDOW)
             return jnp.einsum("bthd,bhsd->bhts", q.astype(jnp.float32), k)
 
         scale = bc.attention_scale or 1.0 / math.sqrt(d)
-        logits = jnp.concatenate([scores(cache.k[i]), scores(k_car), scores(k_blk)], axis=-1) * scale
+        logits = jnp.concatenate([scores(values(cache.k[i])), scores(k_car), scores(k_blk)], axis=-1) * scale
         ok = jnp.concatenate([ctx_ok, valid, jnp.ones((b, t), bool)], axis=-1)[:, None, None, :]
         pr = jax.nn.softmax(jnp.where(ok, logits, -jnp.inf), axis=-1).mean(axis=1)  # [B, T, S + P + T]
         s_len = cache.k[i].shape[2]

@@ -15,6 +15,25 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
+# A bf16 cache may be stored as its uint16 bits (`Numerics.cache_bits`, the CPU default): XLA CPU has no
+# bf16 scatter, so a vmapped per-row write into a bf16 buffer converts the whole buffer to float32 and back
+# (SmolLM2 at batch 64: ~60% of a decode step), while a uint16 write updates the written slots in place.
+# Readers take `values(buf)` (bf16) or, in the CPU attention loop, widen the bits chunk by chunk.
+BITS = jnp.uint16
+
+
+def values(buf: Array) -> Array:
+    """A cache buffer as numbers: bits storage bitcast back to bf16, anything else as it is."""
+    return jax.lax.bitcast_convert_type(buf, jnp.bfloat16) if buf.dtype == BITS else buf
+
+
+def storage(x: Array, like: Array) -> Array:
+    """`x` in the storage dtype of buffer `like` (bits for a bits buffer)."""
+    if like.dtype == BITS:
+        return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), BITS)
+    return x.astype(like.dtype)
+
+
 def write_chunk(buf: Array, chunk: Array, start: Array) -> Array:
     """buf [B, Hkv, S, D] <- chunk [B, Hkv, T, D] at per-row slot start[b].
 
@@ -23,9 +42,9 @@ def write_chunk(buf: Array, chunk: Array, start: Array) -> Array:
     `decode.generate.plan_lengths`)."""
 
     def one(b, c, s):
-        return jax.lax.dynamic_update_slice_in_dim(b, c.astype(b.dtype), s, axis=1)
+        return jax.lax.dynamic_update_slice_in_dim(b, c, s, axis=1)
 
-    return jax.vmap(one)(buf, chunk, start)
+    return jax.vmap(one)(buf, storage(chunk, buf), start)
 
 
 def chunk_mask(lengths: Array, chunk_len: int, max_len: int) -> Array:

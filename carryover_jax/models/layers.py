@@ -21,6 +21,7 @@ from carryover_jax.numerics import ATTENTION_BACKENDS, KERNEL_BACKENDS
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.kernels import NEG_INF, prefix_attention
 from carryover_jax.models import tpu_attention
+from carryover_jax.models.cache import BITS, values
 from carryover_jax.numerics import dot_f32, lm_head_logits
 
 Array = jax.Array
@@ -254,11 +255,14 @@ def _attention(q: Array, segments, scale: float, backend: str) -> Array:
     b, t, h, d = q.shape
     if backend in ("xla", "cudnn") and len(segments) == 1 and not isinstance(segments[0][2],
                                                                            (int, Blockwise, LiveMask)):
-        return _dpa_single(q, *segments[0], scale, backend)
+        k0, v0, m0 = segments[0]
+        return _dpa_single(q, values(k0), values(v0), m0, scale, backend)
     hkv = segments[0][0].shape[1]
     qg = jnp.transpose(q.reshape(b, t, hkv, h // hkv, d), (0, 2, 3, 1, 4))  # [B, Hkv, G, T, D]
     parts = []
     for k, v, mask in segments:
+        if not (isinstance(mask, LiveMask) and backend not in KERNEL_BACKENDS + ("mosaic", _MOSAIC_COMPILED)):
+            k, v = values(k), values(v)  # bits storage: only the CPU live loop reads the bits themselves
         if isinstance(mask, int):
             mask = Blockwise(t // mask)
         if isinstance(mask, Blockwise):
@@ -356,7 +360,7 @@ def _live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
     read of the whole buffer, no data-dependent loop (each iteration would cost a device-to-host
     handshake on a GPU; the fused kernel of the pallas backend is what reads only the live part there)."""
     return jax.lax.platform_dependent(cpu=lambda: _live_loop(qg, k, v, mask, scale),
-                                      default=lambda: _live_dense(qg, k, v, mask, scale))
+                                      default=lambda: _live_dense(qg, values(k), values(v), mask, scale))
 
 
 def _live_dense(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
@@ -367,6 +371,17 @@ def _live_dense(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
     return _dense_part(qg, k, v, m5, scale)
 
 
+def _chunk_f32(x: Array, start, c: int) -> Array:
+    """Slots [start, start + c) of a cache [B, Hkv, S, D] in float32. A bf16 cache enters the CPU loop as
+    its uint16 bits (`cache.BITS`) and each chunk is widened by a shift: XLA CPU otherwise converts a bf16
+    array carried by a while loop to float32 whole, before the loop (the whole cache, every step), and its
+    bf16 products with G*T (3-12) columns run at ~2 GB/s."""
+    xc = jax.lax.dynamic_slice_in_dim(x, start, c, axis=2)
+    if xc.dtype == BITS:
+        return jax.lax.bitcast_convert_type(xc.astype(jnp.uint32) << 16, jnp.float32)
+    return xc.astype(jnp.float32)
+
+
 def _live_loop(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
     b, hkv, g, t, d = qg.shape
     s_len = k.shape[2]
@@ -375,14 +390,15 @@ def _live_loop(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
     limit = mask.limit[:, None, None, :, None]  # [B, 1, 1, T, 1]
     lower = None if mask.lower is None else mask.lower[:, None, None, :, None]
     first = 0 if mask.lower is None else jnp.clip(jnp.min(mask.lower), 0, s_len - 1) // c
+    qg = qg.astype(jnp.float32)
+    k, v = (jax.lax.bitcast_convert_type(x, BITS) if x.dtype == jnp.bfloat16 else x for x in (k, v))
 
     def body(i, carry):
         m_acc, l_acc, o_acc = carry
         lo = i * c
         start = jnp.minimum(lo, s_len - c)
         slots = start + jnp.arange(c)
-        kc = jax.lax.dynamic_slice_in_dim(k, start, c, axis=2)
-        vc = jax.lax.dynamic_slice_in_dim(v, start, c, axis=2)
+        kc, vc = _chunk_f32(k, start, c), _chunk_f32(v, start, c)
         m5 = (slots >= lo) & (slots < limit)
         if lower is not None:
             m5 = m5 & (slots >= lower)

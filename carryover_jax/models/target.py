@@ -337,5 +337,5 @@ def new_cache(cfg: TargetConfig, batch: int, max_len: int) -> KVCache:
     return KVCache.zeros(
         num_layers=cfg.num_layers, batch=batch, max_len=max_len,
         num_kv_heads=tuple(cfg.layer_kv_heads(i) for i in range(cfg.num_layers)),
-        head_dim=tuple(cfg.layer_head_dim(i) for i in range(cfg.num_layers)), dtype=cfg.numerics.cache,
+        head_dim=tuple(cfg.layer_head_dim(i) for i in range(cfg.num_layers)), dtype=cfg.numerics.cache_storage,
     )
