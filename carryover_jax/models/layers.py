@@ -7,6 +7,7 @@ Conventions that must match HF PyTorch exactly: RMSNorm in float32 then cast; Ro
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -52,13 +53,13 @@ def accumulate_f32(lhs, rhs, dimension_numbers, precision=None, preferred_elemen
 
 
 def dense(features: int, name: str, logical: tuple[str, str], *, use_bias: bool, dtype, param_dtype,
-          kernel_init=nn.initializers.normal(0.02)) -> nn.Dense:
+          kernel_init=nn.initializers.normal(0.02), f32_out: bool = False) -> nn.Dense:
     return nn.Dense(
         features,
         use_bias=use_bias,
         dtype=dtype,
         param_dtype=param_dtype,
-        dot_general=accumulate_f32,
+        dot_general=functools.partial(accumulate_f32, f32_out=True) if f32_out else accumulate_f32,
         kernel_init=nn.with_logical_partitioning(kernel_init, logical),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, logical[1:]),
         name=name,
@@ -538,6 +539,9 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
-        gate = dense(self.intermediate_size, "gate_proj", ("embed", "mlp"), **kw)(x)
-        up = dense(self.intermediate_size, "up_proj", ("embed", "mlp"), **kw)(x)
-        return dense(self.hidden_size, "down_proj", ("mlp", "embed"), **kw)(_ACTS[self.act](gate) * up)
+        # the activation in float32, on the products' float32 accumulators, rounded once: XLA CPU runs bf16
+        # elementwise ops as float32 ones rounding after each op (a bf16 SmolLM2 prefill: 10% of its time)
+        gate = dense(self.intermediate_size, "gate_proj", ("embed", "mlp"), f32_out=True, **kw)(x)
+        up = dense(self.intermediate_size, "up_proj", ("embed", "mlp"), f32_out=True, **kw)(x)
+        act = (_ACTS[self.act](gate) * up).astype(self.dtype)
+        return dense(self.hidden_size, "down_proj", ("mlp", "embed"), **kw)(act)
