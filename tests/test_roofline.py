@@ -106,6 +106,13 @@ def test_the_bound_is_the_slower_side_at_the_best_measured_rates():
     bf16 = f32.replace(dtype="bfloat16", param_dtype="bfloat16")
     b = bound(Cost(flops=9e9, bytes=1e9), machine, bf16)  # 0.03 s of matmul vs 0.025 s of streaming
     assert b["s"] == pytest.approx(0.03) and b["by"] == "matmul 300 GFLOP/s (bfloat16)"
+    # a bf16 run also against what float32 arithmetic could do at best (same bytes, float32's rates)
+    assert bound(Cost(flops=9e9, bytes=1e9), machine, bf16, "float32")["s"] == pytest.approx(0.1)
+    from carryover_jax.bench.roofline import _bound_of, _row
+    machine["dtypes"] = ["float32", "bfloat16"]
+    row = _row("gen", "gen", 0.05, _bound_of([Cost(flops=9e9, bytes=1e9)], machine, bf16))
+    assert row["fraction"] == pytest.approx(0.6) and row["fraction_of_f32_bound"] == pytest.approx(2.0)
+    assert "fraction_of_f32_bound" not in _row("gen", "gen", 0.05, _bound_of([Cost(9e9, 1e9)], machine, f32))
 
 
 def test_roofline_produces_its_table_on_the_tiny_target(tiny, capsys):

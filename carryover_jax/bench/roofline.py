@@ -141,19 +141,26 @@ def bandwidth(machine: dict, dtype: str) -> float:
     return max(machine["stream_gbs"][dtype].values())
 
 
-def bound(cost: F.Cost, machine: dict, tcfg) -> dict[str, Any]:
-    """The roofline time of one cost (seconds) and which side bounds it."""
-    rate, bw = peak_rate(machine, tcfg.dtype), bandwidth(machine, tcfg.param_dtype)
+def bound(cost: F.Cost, machine: dict, tcfg, dtype: str | None = None) -> dict[str, Any]:
+    """The roofline time of one cost (seconds) and which side bounds it; `dtype` (e.g. "float32") prices it
+    at that dtype's rate and bandwidth instead of the run's (the bytes stay the run's)."""
+    compute, params = dtype or tcfg.dtype, dtype or tcfg.param_dtype
+    rate, bw = peak_rate(machine, compute), bandwidth(machine, params)
     t_mm, t_bw = cost.flops / (rate * 1e9), cost.bytes / (bw * 1e9)
     if t_mm >= t_bw:
-        return {"s": t_mm, "by": f"matmul {rate:.0f} GFLOP/s ({tcfg.dtype})"}
-    return {"s": t_bw, "by": f"bandwidth {bw:.1f} GB/s ({tcfg.param_dtype})"}
+        return {"s": t_mm, "by": f"matmul {rate:.0f} GFLOP/s ({compute})"}
+    return {"s": t_bw, "by": f"bandwidth {bw:.1f} GB/s ({params})"}
 
 
 def _bound_of(costs: list[F.Cost], machine, tcfg) -> dict[str, Any]:
+    """The costs' summed bound in the run's numerics and, for a narrow compute dtype, at the float32 rate
+    (`s_f32`: how a bf16 run compares with what float32 arithmetic could do at best)."""
     parts = [bound(c, machine, tcfg) for c in costs]
-    return {"s": sum(p["s"] for p in parts), "by": max(parts, key=lambda p: p["s"])["by"],
-            "gflop": sum(c.flops for c in costs) / 1e9, "gb": sum(c.bytes for c in costs) / 1e9}
+    out = {"s": sum(p["s"] for p in parts), "by": max(parts, key=lambda p: p["s"])["by"],
+           "gflop": sum(c.flops for c in costs) / 1e9, "gb": sum(c.bytes for c in costs) / 1e9}
+    if tcfg.dtype != "float32" and "float32" in machine["dtypes"]:
+        out["s_f32"] = sum(bound(c, machine, tcfg, "float32")["s"] for c in costs)
+    return out
 
 
 # ---- the paths -------------------------------------------------------------------------------------------
@@ -166,8 +173,11 @@ def _drafter(cfg: TrainConfig, target, proposals: int | None = None):
 
 
 def _row(name: str, what: str, measured_s: float, b: dict[str, Any], **extra) -> dict[str, Any]:
-    return {"row": name, "path": what, "measured_s": measured_s, "bound_s": b["s"], "bound_by": b["by"],
-            "fraction": b["s"] / measured_s, "gflop": b["gflop"], "gb": b["gb"], **extra}
+    row = {"row": name, "path": what, "measured_s": measured_s, "bound_s": b["s"], "bound_by": b["by"],
+           "fraction": b["s"] / measured_s, "gflop": b["gflop"], "gb": b["gb"], **extra}
+    if "s_f32" in b:
+        row["fraction_of_f32_bound"] = b["s_f32"] / measured_s
+    return row
 
 
 def _decode_rows(cfg, target, machine, rows, prompt_len, repeats) -> list[dict[str, Any]]:
@@ -322,6 +332,8 @@ def format_table(r: dict[str, Any]) -> str:
         else:
             meas = _t(x["measured_s"]) + (f" ({x['tokens_per_s']:.1f} tok/s)" if "tokens_per_s" in x else "")
             bnd = _t(x["bound_s"])
+            if "fraction_of_f32_bound" in x:
+                frac += f" (of the float32 bound: {x['fraction_of_f32_bound']:.2f})"
         lines.append(f"| {x['path']} | {meas} | {bnd} | {frac} | {x['bound_by']} | "
                      f"{x['gflop']:.3g} | {x['gb']:.3g} |")
     return "\n".join(lines)
