@@ -262,8 +262,8 @@ def _attention(q: Array, segments, scale: float, backend: str) -> Array:
     qg = jnp.transpose(q.reshape(b, t, hkv, h // hkv, d), (0, 2, 3, 1, 4))  # [B, Hkv, G, T, D]
     parts = []
     for k, v, mask in segments:
-        if not (isinstance(mask, LiveMask) and backend not in KERNEL_BACKENDS + ("mosaic", _MOSAIC_COMPILED)):
-            k, v = values(k), values(v)  # bits storage: only the CPU live loop reads the bits themselves
+        if not (isinstance(mask, LiveMask) and backend not in (*KERNEL_BACKENDS, "mosaic", _MOSAIC_COMPILED)):
+            k, v = values(k), values(v)  # bits storage: only `_live_part` (the CPU loop) reads the bits
         if isinstance(mask, int):
             mask = Blockwise(t // mask)
         if isinstance(mask, Blockwise):
@@ -539,9 +539,15 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
-        # the activation in float32, on the products' float32 accumulators, rounded once: XLA CPU runs bf16
-        # elementwise ops as float32 ones rounding after each op (a bf16 SmolLM2 prefill: 10% of its time)
         gate = dense(self.intermediate_size, "gate_proj", ("embed", "mlp"), f32_out=True, **kw)(x)
         up = dense(self.intermediate_size, "up_proj", ("embed", "mlp"), f32_out=True, **kw)(x)
-        act = (_ACTS[self.act](gate) * up).astype(self.dtype)
-        return dense(self.hidden_size, "down_proj", ("mlp", "embed"), **kw)(act)
+        act = lambda g, u: (_ACTS[self.act](g) * u).astype(self.dtype)  # noqa: E731
+        narrow = lambda: act(gate.astype(self.dtype), up.astype(self.dtype))  # noqa: E731
+        if jnp.dtype(self.dtype) == jnp.float32:
+            h = act(gate, up)
+        else:  # on CPU the activation in float32 on the products' accumulators, rounded once: XLA CPU runs
+            # bf16 elementwise ops as float32 ones rounding after each op (a bf16 SmolLM2 prefill: 10% of its
+            # time); elsewhere in the compute dtype, as HF does (a GPU fuses it; float32 would double the
+            # saved activations of training)
+            h = jax.lax.platform_dependent(cpu=lambda: act(gate, up), default=narrow)
+        return dense(self.hidden_size, "down_proj", ("mlp", "embed"), **kw)(h)
