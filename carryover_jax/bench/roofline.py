@@ -257,7 +257,10 @@ def _cpu() -> str:
     model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "")
     flags = set(next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), []))
     bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
-    return f"{model}, {os.cpu_count()} cores" + (f", {' '.join(bf16)}" if bf16 else ", no native bf16")
+    # the widest vector unit: hosts of one cloud model name differ (AVX-512 or AVX2 only: ~2x in float32 matmuls)
+    simd = next((f for f in ("avx512f", "avx2", "avx", "asimd") if f in flags), "")
+    return (f"{model}, {os.cpu_count()} cores" + (f", {simd}" if simd else "")
+            + (f", {' '.join(bf16)}" if bf16 else ", no native bf16"))
 
 
 def run(cfg: TrainConfig, target, *, rows=ROWS, matmul_rows=MATMUL_ROWS, repeats: int = 5, new_tokens: int = 64,
