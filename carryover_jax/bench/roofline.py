@@ -257,7 +257,7 @@ def _cpu() -> str:
     model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "")
     flags = set(next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), []))
     bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
-    # the widest vector unit: hosts of one cloud model name differ (AVX-512 or AVX2 only: ~2x in float32 matmuls)
+    # the widest vector unit: hosts of one model name differ (prepare and training ran ~2x slower on an AVX2-only one)
     simd = next((f for f in ("avx512f", "avx2", "avx", "asimd") if f in flags), "")
     return (f"{model}, {os.cpu_count()} cores" + (f", {simd}" if simd else "")
             + (f", {' '.join(bf16)}" if bf16 else ", no native bf16"))
