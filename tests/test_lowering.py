@@ -172,6 +172,21 @@ def test_whole_programs_lower_at_every_head_dim(d):
         assert text.count(TRITON_CALL) == tc.num_layers and data_dependent_whiles(text) == 0
 
 
+def test_a_long_prefill_with_auto_lowers_for_cuda():
+    """A 4,096-token prompt chunk through the default "auto" backend lowers for cuda. Auto's TPU branch is
+    traced there too: it splits the chunk's 16,384 folded query rows (G = 4) into row blocks that fit VMEM
+    rather than refusing the shape, which failed the whole program on an H200 (2026-12-04)."""
+    tc = PRESETS["qwen3-4b"].replace(num_layers=1, vocab_size=512).with_numerics(gpu_numerics("auto"))
+    assert tc.num_heads // tc.num_kv_heads == 4 and tc.head_dim == 128
+    tp = abstract_params(tc)
+    t = 4096
+    cache, _ = jax.eval_shape(functools.partial(ar.prefill, tc, max_len=t + 16), tp, jnp.zeros((1, 8), jnp.int32),
+                              jnp.full((1,), 8, jnp.int32))
+    with jax.sharding.use_abstract_mesh(cuda_mesh()):
+        traced = jax.jit(functools.partial(_target_chunk, tc)).trace(tp, cache, jax.ShapeDtypeStruct((1, t), jnp.int32))
+    assert data_dependent_whiles(lower_text(traced, "cuda")) == 0
+
+
 def _target_chunk(tc, params, cache, tokens):
     from carryover_jax.models.target import TargetLM
 

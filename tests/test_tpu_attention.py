@@ -180,7 +180,11 @@ def test_tiles_the_kernel_cannot_take_are_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^head dim 65536 "):
         ta.tile_sizes(65536, 8192)
     for d, bk in ((64, 512), (128, 512), (256, 256), (512, 128)):
-        assert ta.tile_sizes(d, 32768, rows=8 * 17) == ta.TpuTiles(block_k=bk, num_tiles=32768 // bk)
+        assert ta.tile_sizes(d, 32768, rows=8 * 17) == ta.TpuTiles(block_k=bk, num_tiles=32768 // bk, block_r=136)
+        # a prefill's rows (4,096 positions x G = 4) in blocks that fit VMEM, never refused
+        tiles = ta.tile_sizes(d, 32768, rows=16384)
+        assert tiles.block_r % ta.SUBLANES == 0 and 8 <= tiles.block_r <= 512
+        assert ta.vmem_bytes(tiles.block_r, d, tiles.block_k, 2) <= ta.VMEM_BYTES
     assert ta.tile_sizes(128, 100).block_k == 128  # never longer than the buffer needs
 
 
@@ -196,3 +200,37 @@ def test_backends_refused_on_the_other_platform(monkeypatch):
         resolve_backend("pallas")
     assert resolve_backend("mosaic") == "mosaic"
 
+
+
+def test_rows_past_one_block_are_split_and_padded():
+    """A prefill-sized query chunk (600 folded rows: two 512-row blocks, the second padded) equals the slow
+    loop, each row block reading its own live key range: causal rows of three lengths and a window."""
+    rng = np.random.default_rng(7)
+    t, g, d = 300, 2, 64
+    tiles = ta.tile_sizes(d, 2 * S, rows=g * t, itemsize=4, block_k=BK)
+    assert tiles.block_r == 512 and tiles.num_tiles == 5
+    lengths = np.asarray([0, 17, S - 10])
+    limit = lengths[:, None] + np.arange(1, t + 1)[None]
+    lower = np.maximum(limit - 1 - 250, 0)
+    rows = lambda x: np.ascontiguousarray(np.tile(x, (1, g)), np.int32)  # noqa: E731
+    q, k, v = _arrays(rng, 3, 1, g * t, d, s=2 * S)
+    with race_checked():
+        out, lse = jax.jit(lambda *a: ta.live_attention(*a, scale=0.1, block_k=BK))(q, k, v, rows(limit), rows(lower))
+    want, want_lse = slow_reference(q, k, v, rows(limit), rows(lower), 0.1)
+    np.testing.assert_allclose(np.asarray(out), want, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(np.asarray(lse), want_lse, atol=2e-5, rtol=1e-5)
+
+
+def test_auto_falls_back_to_einsum_where_no_tile_fits(monkeypatch):
+    """Where the Mosaic kernel has no tile for a shape, "auto" (whose TPU branch is traced on every
+    platform, a GPU's program too) reads the cache by einsum instead of refusing; "mosaic" refuses in one
+    line."""
+    monkeypatch.setattr(ta, "VMEM_BYTES", 1024)
+    rng = np.random.default_rng(5)
+    limit, _ = _decode_masks("verify", 4, None)
+    q, k, v = _qkv_core(rng, 3, 4, 4, 2, 64, S)
+    segs = [(k, v, LiveMask(jnp.asarray(limit)))]
+    got, want = (jax.jit(lambda q, segs, be=be: attention_core(q, segs, 0.2, be))(q, segs) for be in ("auto", "einsum"))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(ConfigError, match="^head dim 64 with key block size"):
+        jax.jit(lambda q, segs: attention_core(q, segs, 0.2, "mosaic"))(q, segs)

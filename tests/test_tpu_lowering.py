@@ -49,10 +49,11 @@ def _kernel_args(rows, d, s, dtype=jnp.bfloat16, b=2, hkv=2):
 
 
 # (chip, head dim, folded query rows, dtype): every head dim on v5e in the accelerator dtype at AR's 8 rows
-# (G = 8, T = 1), verification's 128 rows (G = 8, T = 16) at the largest head dim in both dtypes, v6e's layout
+# (G = 8, T = 1), verification's 128 rows (G = 8, T = 16) at the largest head dim in both dtypes, v6e's layout,
+# and a 4,096-token prefill's 16,384 rows (G = 4) in row blocks
 _KERNEL_CASES = [("v5e", d, 8, jnp.bfloat16) for d in (64, 128, 256, 512)] + [
     ("v5e", 512, 128, jnp.bfloat16), ("v5e", 512, 128, jnp.float32), ("v6e", 128, 8, jnp.bfloat16),
-    ("v6e", 512, 128, jnp.bfloat16)]
+    ("v6e", 512, 128, jnp.bfloat16), ("v5e", 128, 16384, jnp.bfloat16), ("v5e", 512, 16384, jnp.float32)]
 
 
 def test_the_kernel_compiles_for_tpu_at_every_head_dim():
@@ -73,7 +74,7 @@ def test_the_vmem_rule_agrees_with_the_compiler():
 
     def run(tiles):
         def f(q, k, v, lim, low):
-            first, count = ta._live_tiles(lim, low, tiles.block_k, tiles.num_tiles)
+            first, count = ta._live_tiles(lim[:, None], low[:, None], tiles.block_k, tiles.num_tiles)
             return ta._call(first, count, lim[..., None], low[..., None], q, k, v, scale=0.1, tiles=tiles,
                             interpret=False)
         return jax.jit(f).trace(*place(_kernel_args(8, 512, 8192))).lower().compile()

@@ -203,7 +203,9 @@ class Prefix:
 #   GPUs. (Which of the two follows the process, not the lowering platform: the interpreter's ordered
 #   callbacks inside a `platform_dependent` branch break the lowering of the other branch on jax 0.10.2.)
 # - "auto": "pallas" where lowered for cuda, "mosaic" (always compiled) for tpu, "einsum" on every other
-#   platform (CPU, ROCm) — the default of `numerics` on accelerators. Where this jax has no Pallas Triton
+#   platform (CPU, ROCm) — the default of `numerics` on accelerators. Never refuses a shape: where the
+#   Mosaic kernel has no tile that fits VMEM, auto's tpu branch is einsum (every branch is traced on
+#   every platform, so a refusal there would fail a GPU's program too). Where this jax has no Pallas Triton
 #   backend (`numerics.triton_available`), auto's cuda branch is "einsum" too: the masked dense read.
 # `Blockwise` segments (block-diagonal, [T, S/N] scores: small) are einsum in every backend.
 # KERNEL_BACKENDS (numerics): the ones that run `kernels.prefix_attention`.
@@ -270,7 +272,8 @@ def _attention(q: Array, segments, scale: float, backend: str) -> Array:
             parts.append(_blockwise_part(qg, k, v, mask, scale))
         elif isinstance(mask, LiveMask) and backend in KERNEL_BACKENDS:
             parts.append(_pallas_live_part(qg, k, v, mask, scale))
-        elif isinstance(mask, LiveMask) and backend in ("mosaic", _MOSAIC_COMPILED):
+        elif isinstance(mask, LiveMask) and (backend == "mosaic" or backend == _MOSAIC_COMPILED and tpu_attention.fits(
+                d, k.shape[2], t * (h // hkv), jnp.dtype(k.dtype).itemsize)):
             parts.append(tpu_attention.live_part(qg, k, v, mask.limit, mask.lower, scale,
                                                  interpret=False if backend == _MOSAIC_COMPILED else None))
         elif isinstance(mask, LiveMask):

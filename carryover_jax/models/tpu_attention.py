@@ -9,10 +9,12 @@ committed context (limit = length for every query of the block); sliding-window 
 
 Layout. The G query heads of a K/V head are folded into the query rows (R = G * T rows, g-major, a
 reshape of the array outside the kernel: refs are never reshaped), so one program reads a K/V tile
-once for all G heads. The grid is (B, Hkv, key tiles): heads are a grid axis, never a vmap.
+once for all G heads. The grid is (B, Hkv, row blocks, key tiles): heads are a grid axis, never a vmap.
+Decode's few rows (G * T <= 512) are one row block; a prefill's thousands of rows are split into blocks
+of at most 512, so VMEM holds one block's scores, not the whole chunk's.
 
-Cost follows the live length. Each row's [first, end) live key tiles (from min(lower) and
-max(limit) over its queries) arrive as scalar prefetch (SMEM) and the K/V `index_map` clamps the
+Cost follows the live length. Each (batch row, row block)'s [first, end) live key tiles (from min(lower)
+and max(limit) over its queries) arrive as scalar prefetch (SMEM) and the K/V `index_map` clamps the
 tile index into that range: past a row's last live tile the index repeats, and Pallas's pipeline
 issues no copy for a block index equal to the previous one, so the HBM traffic of a row is its live
 tiles (plus one tile for a row with none), not `max_len`. Compute on those steps is skipped
@@ -51,12 +53,14 @@ VMEM_BYTES = 16 * 1024 * 1024
 # at most 512 slots, so a row's last live tile reads few dead slots
 _TILE_ELEMS = 64 * 1024
 _MAX_BLOCK_K = 512
+_MAX_BLOCK_R = 512  # query rows per program: decode's G * T fits one block; a long prefill is split
 
 
 @dataclasses.dataclass(frozen=True)
 class TpuTiles:
     block_k: int  # cache slots per K/V tile (a multiple of LANES)
     num_tiles: int  # key tiles of the buffer (the last one may run past S: padded slots are masked)
+    block_r: int = 0  # query rows per program: all of them (0, or the row count) or a multiple of SUBLANES
 
 
 def _up(n: int, m: int) -> int:
@@ -75,11 +79,12 @@ def vmem_bytes(rows: int, head_dim: int, block_k: int, itemsize: int) -> int:
 
 def tile_sizes(head_dim: int, seq_len: int, rows: int = SUBLANES, itemsize: int = 2,
                block_k: int | None = None) -> TpuTiles:
-    """Key tile of the kernel for a cache of `seq_len` slots and `rows` folded query rows: the largest
-    power-of-two multiple of LANES with block_k * D <= 64K elements, at most 512 and no longer than the
-    buffer rounded up to LANES. An explicit `block_k` must be a positive multiple of LANES. Refuses, in
-    one line naming the size, a tile that is not one or that overflows VMEM (`vmem_bytes`), before
-    anything is traced."""
+    """Tiles of the kernel for a cache of `seq_len` slots and `rows` folded query rows. Key tile: the
+    largest power-of-two multiple of LANES with block_k * D <= 64K elements, at most 512 and no longer
+    than the buffer rounded up to LANES. Row block: all rows up to 512 (decode: one block, no padding),
+    else 512, halved (a multiple of SUBLANES) until the program fits VMEM. An explicit `block_k` must be a
+    positive multiple of LANES. Refuses, in one line naming the size, a tile that is not one or that
+    overflows VMEM (`vmem_bytes`) even at the smallest row block, before anything is traced."""
     if block_k is None:
         block_k = LANES
         while block_k * 2 <= _MAX_BLOCK_K and block_k * 2 * head_dim <= _TILE_ELEMS and block_k < seq_len:
@@ -87,34 +92,48 @@ def tile_sizes(head_dim: int, seq_len: int, rows: int = SUBLANES, itemsize: int 
     elif block_k < LANES or block_k % LANES:
         raise ConfigError(f"key block size {block_k} cannot be tiled by the TPU attention kernel: it needs a "
                           f"positive multiple of {LANES} (the lanes of its score tile)")
-    need = vmem_bytes(rows, head_dim, block_k, itemsize)
+    block_r = rows if rows <= _MAX_BLOCK_R else _MAX_BLOCK_R
+    while block_r > SUBLANES and vmem_bytes(block_r, head_dim, block_k, itemsize) > VMEM_BYTES:
+        block_r = max(SUBLANES, _up(block_r // 2, SUBLANES))
+    need = vmem_bytes(block_r, head_dim, block_k, itemsize)
     if need > VMEM_BYTES:
-        raise ConfigError(f"head dim {head_dim} with key block size {block_k} ({rows} query rows) cannot be tiled by "
-                          f"the TPU attention kernel: {need / 2**20:.1f} MiB of VMEM, over "
+        raise ConfigError(f"head dim {head_dim} with key block size {block_k} ({block_r} query rows) cannot be tiled "
+                          f"by the TPU attention kernel: {need / 2**20:.1f} MiB of VMEM, over "
                           f"{VMEM_BYTES // 2**20} MiB (use attention backend 'einsum')")
-    return TpuTiles(block_k=block_k, num_tiles=-(-seq_len // block_k))
+    return TpuTiles(block_k=block_k, num_tiles=-(-seq_len // block_k), block_r=block_r)
+
+
+def fits(head_dim: int, seq_len: int, rows: int, itemsize: int) -> bool:
+    """Whether `tile_sizes` finds default tiles for these sizes (attention_core's "auto" falls back to
+    einsum where it does not, instead of refusing)."""
+    try:
+        tile_sizes(head_dim, seq_len, rows, itemsize)
+    except ConfigError:
+        return False
+    return True
 
 
 def _live_tiles(limit, lower, block_k: int, num_tiles: int):
-    """Per batch row: the first live key tile and how many there are ([B] int32 each), from the
-    queries that see any key (a query with limit <= lower does not pull the range down)."""
+    """Per batch row and row block (limit/lower [B, NR, block_r]): the first live key tile and how many
+    there are ([B, NR] int32 each), from the queries that see any key (a query with limit <= lower does
+    not pull the range down)."""
     sees = limit > lower
-    hi = jnp.max(jnp.where(sees, limit, 0), axis=1)
-    lo = jnp.min(jnp.where(sees, jnp.maximum(lower, 0), jnp.iinfo(jnp.int32).max), axis=1)
+    hi = jnp.max(jnp.where(sees, limit, 0), axis=-1)
+    lo = jnp.min(jnp.where(sees, jnp.maximum(lower, 0), jnp.iinfo(jnp.int32).max), axis=-1)
     end = jnp.clip((hi + block_k - 1) // block_k, 0, num_tiles)
     first = jnp.minimum(jnp.where(hi > 0, lo // block_k, 0), jnp.maximum(end - 1, 0))
     return first.astype(jnp.int32), jnp.maximum(end - first, 0).astype(jnp.int32)
 
 
-def _kv_index(b, h, j, first_ref, count_ref):
-    """The K/V tile of grid step j of row b: the j-th live tile, the last live one once j is past it
-    (an unchanged block index: the pipeline skips the copy)."""
-    return b, h, first_ref[b] + jnp.minimum(j, jnp.maximum(count_ref[b] - 1, 0)), 0
+def _kv_index(b, h, i, j, first_ref, count_ref):
+    """The K/V tile of grid step j of row b's row block i: the j-th live tile, the last live one once j
+    is past it (an unchanged block index: the pipeline skips the copy)."""
+    return b, h, first_ref[b, i] + jnp.minimum(j, jnp.maximum(count_ref[b, i] - 1, 0)), 0
 
 
 def _kernel(first_ref, count_ref, limit_ref, lower_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc,
             *, scale: float, block_k: int, seq_len: int):
-    b, j = pl.program_id(0), pl.program_id(2)
+    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
     @pl.when(j == 0)
     def _init():
@@ -122,9 +141,9 @@ def _kernel(first_ref, count_ref, limit_ref, lower_ref, q_ref, k_ref, v_ref, o_r
         l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
         acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
 
-    @pl.when(j < count_ref[b])
+    @pl.when(j < count_ref[b, i])
     def _step():
-        start = (first_ref[b] + j) * block_k
+        start = (first_ref[b, i] + j) * block_k
         q, k, v = q_ref[...], k_ref[...], v_ref[...]
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
         slots = start + lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -140,7 +159,7 @@ def _kernel(first_ref, count_ref, limit_ref, lower_ref, q_ref, k_ref, v_ref, o_r
         acc_sc[...] = acc_sc[...] * corr + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
         m_sc[...] = m_new
 
-    @pl.when(j == pl.num_programs(2) - 1)
+    @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
         l = l_sc[...]
         o_ref[...] = acc_sc[...] / jnp.maximum(l, 1e-30)
@@ -148,25 +167,26 @@ def _kernel(first_ref, count_ref, limit_ref, lower_ref, q_ref, k_ref, v_ref, o_r
 
 
 def _call(first, count, limit, lower, q, k, v, *, scale: float, tiles: TpuTiles, interpret):
-    b, hkv, r, d = q.shape
+    b, hkv, r, d = q.shape  # r: a multiple of the row block
     s = k.shape[2]
-    bk = tiles.block_k
-    rows = lambda last: pl.BlockSpec((None, None, r, last), lambda bi, hi, j, *_: (bi, hi, 0, 0))  # noqa: E731
-    per_row = pl.BlockSpec((None, r, 1), lambda bi, hi, j, *_: (bi, 0, 0))
+    bk, br = tiles.block_k, tiles.block_r or r
+    rows = lambda last: pl.BlockSpec((None, None, br, last), lambda bi, hi, i, j, *_: (bi, hi, i, 0))  # noqa: E731
+    per_row = pl.BlockSpec((None, br, 1), lambda bi, hi, i, j, *_: (bi, i, 0))
     kv = pl.BlockSpec((None, None, bk, d), _kv_index)
     return pl.pallas_call(
         functools.partial(_kernel, scale=scale, block_k=bk, seq_len=s),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2,
-            grid=(b, hkv, tiles.num_tiles),
+            grid=(b, hkv, r // br, tiles.num_tiles),
             in_specs=[per_row, per_row, rows(d), kv, kv],
             out_specs=[rows(d), rows(1)],
-            scratch_shapes=[pltpu.VMEM((r, 1), jnp.float32), pltpu.VMEM((r, 1), jnp.float32),
-                            pltpu.VMEM((r, d), jnp.float32)],
+            scratch_shapes=[pltpu.VMEM((br, 1), jnp.float32), pltpu.VMEM((br, 1), jnp.float32),
+                            pltpu.VMEM((br, d), jnp.float32)],
         ),
         out_shape=[jax.ShapeDtypeStruct((b, hkv, r, d), jnp.float32),
                    jax.ShapeDtypeStruct((b, hkv, r, 1), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel",
+                                                                  "arbitrary")),
         interpret=interpret,
         name="carryover_live_attention_tpu",
     )(first, count, limit, lower, q, k, v)
@@ -198,12 +218,19 @@ def live_attention(q, k, v, limit, lower=None, *, scale: float, block_k: int | N
 
 
 def _live_attention(q, k, v, limit, lower, *, scale, tiles: TpuTiles, interpret):
+    r = q.shape[2]
+    br = tiles.block_r or r
+    pad = _up(r, br) - r  # padded rows see no slot (limit 0): out 0, lse NEG_INF, sliced off below
     limit = jnp.minimum(limit.astype(jnp.int32), k.shape[2])
     lower = lower.astype(jnp.int32)
-    first, count = _live_tiles(limit, lower, tiles.block_k, tiles.num_tiles)
+    if pad:
+        q = jnp.pad(q, ((0, 0), (0, 0), (0, pad), (0, 0)))
+        limit, lower = (jnp.pad(x, ((0, 0), (0, pad))) for x in (limit, lower))
+    b = limit.shape[0]
+    first, count = _live_tiles(limit.reshape(b, -1, br), lower.reshape(b, -1, br), tiles.block_k, tiles.num_tiles)
     call = functools.partial(_call, scale=scale, tiles=tiles)
     out, lse = call(first, count, limit[..., None], lower[..., None], q, k, v, interpret=_interpret_setting(interpret))
-    return out, lse[..., 0]
+    return out[:, :, :r], lse[:, :, :r, 0]
 
 
 def live_part(qg, k, v, limit, lower, scale: float, *, interpret=None):
