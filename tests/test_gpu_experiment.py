@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -176,9 +177,58 @@ def test_gpu_experiment_splits_reassembles_and_says_when_part1_is_gone(tmp_path)
     r = _run("reassemble", env)
     assert r.returncode == 3 and "sha256" in r.stderr and r.stderr.count("\n") == 1
 
-    small = {**env, "CARRYOVER_CALL_MIB": str(call_mib - 6)}  # part 2 no longer fits beside the tree
+    # a larger tree: the two calls no longer hold the file, so a keep call carries a middle part
+    small = {**env, "CARRYOVER_CALL_MIB": str(call_mib - 3), "CARRYOVER_KEEP": str(tmp_path / "keep3")}
     r = _run("build", small)
-    assert r.returncode == 3 and "does not fit in two calls" in r.stderr
+    assert r.returncode == 0, r.stderr
+    sizes = [(gpu / f"part{i}" / f"gguf.part{i}").stat().st_size for i in (1, 2, 3)]
+    assert sum(sizes) == 12 * MiB and min(sizes) > 0 and not (gpu / "part4").exists()
+    assert "keep 2" in r.stdout and 'carry ["' in r.stdout and "part3" in r.stdout.splitlines()[2]
+    assert (gpu / "part3" / "manifest.json").exists() and (gpu / "part3" / "prompts.tar.gz").exists()
+    assert _run("call1", small).returncode == 0
+    r = _run("reassemble", small)
+    assert r.returncode == 3 and r.stderr.count("\n") == 1 and "part 2 of the GGUF is not on this machine" in r.stderr
+    r = _run("keep", small, "2")
+    assert r.returncode == 0, r.stderr
+    r = _run("reassemble", small)
+    assert r.returncode == 0, r.stderr
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == hashlib.sha256(gguf.read_bytes()).hexdigest()
+    r = _run("keep", small, "x")
+    assert r.returncode == 3 and r.stderr.count("\n") == 1 and "keep K" in r.stderr
+
+    tiny = {**env, "CARRYOVER_CALL_MIB": str(-(-_tree_bytes() // MiB))}  # the tree alone fills a call
+    r = _run("build", tiny)
+    assert r.returncode == 3 and "fill a call" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_call2_stops_the_pipeline_before_the_calls_limit_and_brings_back_its_log(tmp_path):
+    """A pipeline that would outrun the call: stopped CARRYOVER_COLLECT_S before CARRYOVER_CALL_S, its log and
+    run.json (exit 124) in $OUT, and the wall budget it was given is what the call had left."""
+    gpu, keep = tmp_path / "gpu", tmp_path / "keep"
+    (gpu / "part2").mkdir(parents=True)
+    keep.mkdir()
+    (tmp_path / "run").mkdir()  # what the pipeline had written when it was stopped
+    (keep / "gguf.part1").write_bytes(b"a" * 10)
+    (gpu / "part2" / "gguf.part2").write_bytes(b"b" * 10)
+    sha = hashlib.sha256(b"a" * 10 + b"b" * 10).hexdigest()
+    (gpu / "part2" / "manifest.json").write_text(json.dumps({"sha256": sha, "parts": 2}))
+    subprocess.run([sys.executable, "-m", "carryover_jax.prompt_pack", "--out", str(gpu / "part2" / "prompts.tar.gz")],
+                   cwd=ROOT, check=True, capture_output=True)
+    fake = tmp_path / "py"  # the pipeline: says what it was given, then outlives any budget; else python
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *carryover_jax.cli*) echo "pipeline: args $*"; sleep 100 ;; '
+                    f'*) exec {sys.executable} "$@" ;; esac\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "CARRYOVER_GPU_DIR": str(gpu), "CARRYOVER_KEEP": str(keep), "CARRYOVER_CACHE": str(tmp_path / "c"),
+           "CARRYOVER_SKIP_INSTALL": "1", "PY": str(fake), "OUT": str(tmp_path / "out"), "RUN_DIR": str(tmp_path / "run"),
+           "CARRYOVER_CALL_S": "45", "CARRYOVER_COLLECT_S": "20"}
+    t = time.monotonic()
+    r = _run("call2", env)
+    assert 20 <= time.monotonic() - t < 45 and r.returncode == 124, (r.stdout, r.stderr)
+    assert "stopped after" in r.stdout
+    log = (tmp_path / "out" / "pipeline.log").read_text()
+    budget = int(log.split("--budget-s ")[1].split()[0])
+    assert 3 <= budget <= 10, log
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["exit_code"] == 124
 
 
 PNGS = ["baseline/metrics.png", "dvd/metrics.png", "eval/result/speedup.png", "curve/result/curve.png"]
