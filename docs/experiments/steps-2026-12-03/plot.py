@@ -1,7 +1,7 @@
 """τ against training steps: the training batches' teacher-forced estimate (`tau_estimate` in metrics.jsonl, a
 running median over 10 logged windows) and held-out τ (`carryover eval --offline` results, T = 0) for a
-1,200-step and a 3,600-step run of the same recipe.
-`python plot.py OUT.png RUN=metrics.jsonl ... --heldout RUN@STEP=results.json:label ...`"""
+1,200-step and a 3,600-step run of the same recipe (or any runs: `--title` names the figure).
+`python plot.py OUT.png [--title TEXT] RUN=metrics.jsonl ... --heldout RUN@STEP=results.json:label ...`"""
 import json, statistics, sys
 
 import matplotlib
@@ -10,6 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 out, args = sys.argv[1], sys.argv[2:]
+title = "Default recipe on 976 records: τ against steps"
+if args[:1] == ["--title"]:
+    title, args = args[1], args[2:]
 split = args.index("--heldout") if "--heldout" in args else len(args)
 fig, ax = plt.subplots(figsize=(7, 4.2))
 colors = {}
@@ -31,7 +34,7 @@ for spec in args[split + 1:]:
 ax.scatter([], [], color="k", marker="o", label="held-out τ (534 rollouts, T = 0), colour = run")
 ax.set_xlabel("training step")
 ax.set_ylabel("τ (tokens per round)")
-ax.set_title("Default recipe on 976 records: τ against steps")
+ax.set_title(title)
 ax.grid(alpha=0.3)
 ax.legend(fontsize=8, loc="lower right")
 fig.tight_layout()
