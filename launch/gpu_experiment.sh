@@ -26,8 +26,8 @@
 # is stopped CARRYOVER_COLLECT_S (40) before it, and its wall budget is what is left unless PIPELINE_ARGS has
 # --budget-s), CARRYOVER_GPU_DIR (.gpu), CARRYOVER_KEEP (where the kept parts wait on the machine),
 # CARRYOVER_WHEELS_FROM (a folder of wheels to use instead of downloading), PIPELINE_ARGS (extra `carryover
-# pipeline` arguments), CONFIG (smollm2_gpu), OUT (runs/gpu-experiment), RUN_DIR (/tmp/carryover-gpu-run). A relative path given in the environment is read from the folder the script was
-# called in; the defaults are the repository's (the script runs there; so does a device call, where both agree).
+# pipeline` arguments), CONFIG (smollm2_gpu), OUT (runs/gpu-experiment), RUN_DIR (/tmp/carryover-gpu-run).
+# A relative path given in the environment is read from the folder the script was called in; the defaults are the repository's (the script runs there; so does a device call, where both agree).
 set -euo pipefail
 CALLER=$PWD
 cd "$(dirname "$0")/.."
