@@ -27,7 +27,8 @@
 # --budget-s), CARRYOVER_GPU_DIR (.gpu), CARRYOVER_KEEP (where the kept parts wait on the machine),
 # CARRYOVER_WHEELS_FROM (a folder of wheels to use instead of downloading), PIPELINE_ARGS (extra `carryover
 # pipeline` arguments), CONFIG (smollm2_gpu), OUT (runs/gpu-experiment), RUN_DIR (/tmp/carryover-gpu-run).
-# A relative path given in the environment is read from the folder the script was called in; the defaults are the repository's (the script runs there; so does a device call, where both agree).
+# A relative path given in the environment is read from the folder the script was called in; the defaults are
+# the repository's (the script runs there; so does a device call, where both agree).
 set -euo pipefail
 CALLER=$PWD
 cd "$(dirname "$0")/.."
