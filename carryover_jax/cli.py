@@ -33,16 +33,19 @@ _NUMERICS_FLAGS = (("dtype", "compute dtype; target params and KV caches follow 
                    ("drafter_param_dtype", "drafter param dtype (default float32: training's master copy)"),
                    ("cache_dtype", "KV cache dtype (target and drafter context caches)"),
                    ("attention_backend", "attention kernels (models/layers.py attention_core)"),
-                   ("lm_head", "tied LM head form: vocab_major (the CPU default) or plain"))
+                   ("lm_head", "tied LM head form: vocab_major (the CPU default) or plain"),
+                   ("decode_products", "float32 products of <= 8 rows on CPU: stream (the CPU default: a kernel "
+                    "built with the system C++ compiler) or xla"))
 
 
 def _add_numerics_args(p: argparse.ArgumentParser):
-    from carryover_jax.numerics import DTYPES, LM_HEADS
+    from carryover_jax.numerics import DECODE_PRODUCTS, DTYPES, LM_HEADS
 
     g = p.add_argument_group("numerics", "dtypes and kernels of this run; default: the platform's (bfloat16 "
                              "and attention auto on GPU/TPU, float32 and einsum on CPU)")
     for name, text in _NUMERICS_FLAGS:
-        choices = ATTENTION_BACKENDS if name == "attention_backend" else LM_HEADS if name == "lm_head" else DTYPES
+        choices = {"attention_backend": ATTENTION_BACKENDS, "lm_head": LM_HEADS,
+                   "decode_products": DECODE_PRODUCTS}.get(name, DTYPES)
         g.add_argument("--" + name.replace("_", "-"), dest=name, default=None, choices=choices, help=text)
 
 

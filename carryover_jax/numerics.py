@@ -43,6 +43,10 @@ TRITON_MODULES = ("jax.experimental.pallas.triton", "jax._src.pallas.triton.pall
 # "plain": the LM head as one dot with the weight as rhs; "vocab_major": for the few rows of a decode
 # step the tied [V, d] embedding is the dot's lhs (XLA CPU runs that ~1.3-1.5x faster at 7-16 rows)
 LM_HEADS = ("plain", "vocab_major")
+# the float32 / bf16 products of at most 8 rows (decode steps, verification, drafting) lowered for CPU:
+# "stream" is the kernel of models/cpu_products.cc (every weight read once for all rows; a row's sums the
+# same at any row count), "xla" XLA's dot; accelerators always lower XLA's dot
+DECODE_PRODUCTS = ("xla", "stream")
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 _PLATFORM_ALIASES = {"gpu": "cuda"}
 VOCAB_MAJOR_MAX_ROWS = 64  # above this (training's many rows) the vocabulary-major form does not pay
@@ -74,6 +78,7 @@ class Numerics:
     attention_backend: str | None = None  # ATTENTION_BACKENDS
     lm_head: str | None = None  # LM_HEADS (a tied target head and the drafter's frozen head)
     cache_bits: bool | None = None  # a bf16 cache stored as its uint16 bits (`models/cache.py`; CPU default)
+    decode_products: str | None = None  # DECODE_PRODUCTS
 
     def __post_init__(self):
         for name in ("param_dtype", "drafter_param_dtype", "dtype", "cache_dtype"):
@@ -87,6 +92,9 @@ class Numerics:
             raise ConfigError(f"numerics.cache_bits must be a bool, got {self.cache_bits!r}")
         if self.lm_head is not None and self.lm_head not in LM_HEADS:
             raise ConfigError(f"numerics.lm_head must be one of {', '.join(LM_HEADS)}, got {self.lm_head!r}")
+        if self.decode_products is not None and self.decode_products not in DECODE_PRODUCTS:
+            raise ConfigError(f"numerics.decode_products must be one of {', '.join(DECODE_PRODUCTS)}, got "
+                              f"{self.decode_products!r}")
 
     # ---- resolution ---------------------------------------------------------------------------------
     @classmethod
@@ -96,9 +104,9 @@ class Numerics:
         p = canonical_platform(platform)
         if p == "cpu":
             return cls(param_dtype="float32", drafter_param_dtype="float32", dtype="float32", cache_dtype="float32",
-                       attention_backend="einsum", lm_head="vocab_major", cache_bits=True)
+                       attention_backend="einsum", lm_head="vocab_major", cache_bits=True, decode_products="stream")
         return cls(param_dtype="bfloat16", drafter_param_dtype="float32", dtype="bfloat16", cache_dtype="bfloat16",
-                   attention_backend="auto", lm_head="plain", cache_bits=False)
+                   attention_backend="auto", lm_head="plain", cache_bits=False, decode_products="xla")
 
     @classmethod
     def for_platform(cls, platform: str | None = None, **overrides) -> "Numerics":
@@ -140,7 +148,7 @@ class Numerics:
         on, and XLA emulates bf16 dots in float32 (slower than float32 itself, same results)."""
         narrow = {getattr(self, f) for f in ("param_dtype", "drafter_param_dtype", "dtype", "cache_dtype")}
         if "bfloat16" in narrow and not cpu_has_native_bf16():
-            _warn_once("numerics: this CPU has no native bf16 arithmetic (no avx512_bf16 / amx_bf16 flag): "
+            warn_once("numerics: this CPU has no native bf16 arithmetic (no avx512_bf16 / amx_bf16 flag): "
                        "bf16 runs emulated, slower than float32; use float32 here")
 
     def check_cuda_support(self) -> None:
@@ -152,7 +160,7 @@ class Numerics:
         if self.attention_backend in KERNEL_BACKENDS:
             raise ConfigError(missing_triton(self.attention_backend))
         if self.attention_backend == "auto":
-            _warn_once(f"numerics: jax {_jax_version()} has no Pallas Triton backend; attention 'auto' on cuda "
+            warn_once(f"numerics: jax {_jax_version()} has no Pallas Triton backend; attention 'auto' on cuda "
                        "falls back to einsum (a masked dense read of the whole KV cache at every decode step)")
 
     def over(self, base: "Numerics | None") -> "Numerics":
@@ -262,7 +270,7 @@ def _jax_version() -> str:
 _WARNED: set[str] = set()
 
 
-def _warn_once(msg: str) -> None:
+def warn_once(msg: str) -> None:
     import sys
 
     if msg not in _WARNED:

@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 # suffixes of files an alias-or-path option names (a target .gguf, a prompt JSONL, ...)
 _FILE_SUFFIXES = (".gguf", ".jsonl", ".json", ".py")
+
+
+def cache_dir() -> Path:
+    """Where converted weights, compiled programs and built CPU kernels live: `$CARRYOVER_CACHE`, default
+    ~/.cache/carryover_jax."""
+    return Path(os.environ.get("CARRYOVER_CACHE", Path.home() / ".cache" / "carryover_jax"))
 
 
 def user_path(p: str | os.PathLike) -> str:

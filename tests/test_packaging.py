@@ -1,5 +1,5 @@
-"""A non-editable install ships the run configs and the PyTorch reference inside carryover_jax, and
-installs nothing else at the top level of site-packages."""
+"""A non-editable install ships the run configs, the PyTorch reference and the CPU kernel's C++ source inside
+carryover_jax, and installs nothing else at the top level of site-packages."""
 
 import os
 import shutil
@@ -26,7 +26,7 @@ def test_non_editable_install_ships_configs_and_export_inside_the_package(tmp_pa
     top = {p.name for p in site.iterdir()} - {"bin"}
     assert top and all(n == "carryover_jax" or n.startswith("carryover_jax-") for n in top), top
     for d, dest in SHIPPED.items():  # every source module is in the wheel, at its package path
-        for f in (REPO / d).rglob("*.py"):
+        for f in [*(REPO / d).rglob("*.py"), *(REPO / d).rglob("*.cc")]:
             assert (site / dest / f.relative_to(REPO / d)).is_file(), f"{f.relative_to(REPO)} not installed"
 
     # the venv's editable finder would resolve a missing module from the repo: check where each came from

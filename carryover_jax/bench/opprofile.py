@@ -20,9 +20,10 @@ from typing import Any, Callable
 
 import jax
 
-# op kinds by event name (XLA's CPU thunks: a dot runs as `dot` or inside a library fusion, the live-length
+# op kinds by event name (XLA's CPU thunks: a dot runs as `dot`, inside a library fusion, or as an `ffi_call`,
+# the few-row products kernel of models/cpu_products.cc, the only FFI call the models make; the live-length
 # cache read of `attention_core` is a `while`)
-KINDS = (("matmul", re.compile(r"^(dot|convolution|[xy]nn_fusion|onednn|custom-call)")),
+KINDS = (("matmul", re.compile(r"^(dot|convolution|[xy]nn_fusion|onednn|custom-call|ffi_call)")),
          ("attention loop", re.compile(r"^while")),
          ("cache write", re.compile(r"dynamic-update-slice|scatter")),
          ("cache read", re.compile(r"dynamic-slice|gather")),

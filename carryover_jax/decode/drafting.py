@@ -92,7 +92,7 @@ def draft_block_logits(cfg: DrafterConfig, params, frozen, cache: KVCache, ancho
     if cfg.draft_vocab:
         return m.apply({"params": params}, h, frozen, method=Drafter.logits)
     if frozen.get("head") is None:  # tied: the numerics' head form (CPU: the few-row vocabulary-major one)
-        return cap_logits(tied_logits(h, frozen["embed"], cfg.numerics.lm_head), frozen)
+        return cap_logits(tied_logits(h, frozen["embed"], cfg.numerics), frozen)
     return logits_from_hidden(h, frozen)
 
 

@@ -21,18 +21,21 @@ from carryover_jax import numerics
 from carryover_jax.numerics import ATTENTION_BACKENDS, KERNEL_BACKENDS
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.kernels import NEG_INF, prefix_attention
-from carryover_jax.models import tpu_attention
+from carryover_jax.models import cpu_products, tpu_attention
 from carryover_jax.models.cache import BITS, values
 from carryover_jax.numerics import dot_f32, lm_head_logits
 
 Array = jax.Array
 
 
-def tied_logits(h: Array, embedding: Array, impl: str = "plain") -> Array:
-    """h [..., d] against a tied [V, d] embedding -> float32 logits [..., V], accumulated in float32.
-    `impl` is the run's `Numerics.lm_head` ("vocab_major": the CPU form for the few rows of a decode
-    step; see `numerics.lm_head_logits`)."""
-    return lm_head_logits(h, embedding, vocab_major_weight=True, impl=impl)
+def tied_logits(h: Array, embedding: Array, numerics) -> Array:
+    """h [..., d] against a tied [V, d] embedding -> float32 logits [..., V], accumulated in float32, in the
+    run's `Numerics` forms: `lm_head` ("vocab_major": XLA's CPU form for the few rows of a decode step; see
+    `numerics.lm_head_logits`), and `decode_products` ("stream": `cpu_products`' kernel at <= 8 rows)."""
+    plain = functools.partial(lm_head_logits, vocab_major_weight=True, impl=numerics.lm_head)
+    if numerics.decode_products != "stream":
+        return plain(h, embedding)
+    return cpu_products.dot(h, embedding.astype(h.dtype), (((h.ndim - 1,), (1,)), ((), ())), plain)
 
 
 def dtype_of(name: str):
@@ -40,26 +43,28 @@ def dtype_of(name: str):
 
 
 def accumulate_f32(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, f32_out=False,
-                   **kw):
+                   products: str = "xla", **kw):
     """`lax.dot_general` that accumulates in float32 and returns the operands' dtype. A bf16 x bf16 -> bf16
     dot has no XLA CPU kernel: the compiler converts both operands to float32 first (every weight of a bf16
     model copied to float32 at every step, slower than float32 weights), while bf16 x bf16 -> f32 runs
     natively (~2x float32's rate where the CPU has avx512_bf16 / AMX; one-row products: `dot_f32`). On
     GPUs the gemm accumulates in float32 either way: the rounding is the same. `f32_out` keeps the float32
-    result (an LM head's logits)."""
+    result (an LM head's logits). `products` is the run's `Numerics.decode_products` ("stream": a float32
+    product of at most 8 rows lowered for CPU runs `cpu_products`' kernel)."""
     del preferred_element_type, kw
-    out = dot_f32(lhs, rhs, dimension_numbers, precision)
+    plain = functools.partial(dot_f32, dimension_numbers=dimension_numbers, precision=precision)
+    out = cpu_products.dot(lhs, rhs, dimension_numbers, plain) if products == "stream" else plain(lhs, rhs)
     return out if f32_out else out.astype(jnp.result_type(lhs.dtype, rhs.dtype))
 
 
 def dense(features: int, name: str, logical: tuple[str, str], *, use_bias: bool, dtype, param_dtype,
-          kernel_init=nn.initializers.normal(0.02), f32_out: bool = False) -> nn.Dense:
+          kernel_init=nn.initializers.normal(0.02), f32_out: bool = False, products: str = "xla") -> nn.Dense:
     return nn.Dense(
         features,
         use_bias=use_bias,
         dtype=dtype,
         param_dtype=param_dtype,
-        dot_general=functools.partial(accumulate_f32, f32_out=True) if f32_out else accumulate_f32,
+        dot_general=functools.partial(accumulate_f32, f32_out=f32_out, products=products),
         kernel_init=nn.with_logical_partitioning(kernel_init, logical),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, logical[1:]),
         name=name,
@@ -483,9 +488,10 @@ class Attention(nn.Module):
     v_norm: bool = False
     k_eq_v: bool = False
     backend: str = "einsum"  # attention_core's backend (ATTENTION_BACKENDS)
+    products: str = "xla"  # Numerics.decode_products
 
     def setup(self):
-        kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+        kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype, products=self.products)
         hd = self.head_dim
         self.q_proj = dense(self.num_heads * hd, "q_proj", ("embed", "heads"), **kw)
         self.k_proj = dense(self.num_kv_heads * hd, "k_proj", ("embed", "kv_heads"), **kw)
@@ -538,10 +544,11 @@ class MLP(nn.Module):
     use_bias: bool = False
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    products: str = "xla"  # Numerics.decode_products
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+        kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype, products=self.products)
         gate = dense(self.intermediate_size, "gate_proj", ("embed", "mlp"), f32_out=True, **kw)(x)
         up = dense(self.intermediate_size, "up_proj", ("embed", "mlp"), f32_out=True, **kw)(x)
         act = lambda g, u: (_ACTS[self.act](g) * u).astype(self.dtype)  # noqa: E731

@@ -83,6 +83,7 @@ class DecoderLayer(nn.Module):
             head_dim=c.layer_head_dim(i), inv_freq=target_inv_freq(c, i), qk_norm=c.qk_norm,
             use_bias=c.attention_bias, eps=c.rms_norm_eps, dtype=dt, param_dtype=pdt, scale=c.attention_scale,
             norm_kind=c.norm_kind, v_norm=c.v_norm, k_eq_v=c.layer_k_eq_v(i), backend=c.attention_backend,
+            products=c.numerics.decode_products,
         )
         self.post_attention_layernorm = RMSNorm(**norm)
         if c.sandwich_norms:
@@ -91,7 +92,8 @@ class DecoderLayer(nn.Module):
         if c.layer_scalar:
             self.scalar = self.param("layer_scalar", nn.with_logical_partitioning(nn.initializers.ones, (None,)),
                                      (1,), pdt)
-        self.mlp = MLP(c.hidden_size, c.intermediate_size, c.hidden_act, c.mlp_bias, dt, pdt)
+        self.mlp = MLP(c.hidden_size, c.intermediate_size, c.hidden_act, c.mlp_bias, dt, pdt,
+                       products=c.numerics.decode_products)
 
     def __call__(self, h, positions, mask, kv_buffers=None, write_index=None):
         """Target self-attention: the chunk's K/V (written into `kv_buffers` when caching)."""
@@ -176,7 +178,7 @@ class TargetLM(nn.Module):
             self.lm_head = nn.Dense(
                 c.vocab_size, use_bias=False, dtype=dt, param_dtype=pdt,
                 kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("embed", "vocab")),
-                dot_general=functools.partial(accumulate_f32, f32_out=True),
+                dot_general=functools.partial(accumulate_f32, f32_out=True, products=c.numerics.decode_products),
             )
 
     def embed(self, tokens: Array) -> Array:
@@ -228,7 +230,7 @@ class TargetLM(nn.Module):
         if not self.cfg.tie_word_embeddings:
             logits = self.lm_head(h).astype(jnp.float32)
         else:
-            logits = tied_logits(h, self.embed_tokens.embedding, self.cfg.numerics.lm_head)
+            logits = tied_logits(h, self.embed_tokens.embedding, self.cfg.numerics)
         cap = self.cfg.final_logit_softcapping
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
@@ -288,10 +290,11 @@ def head_at(cfg: TargetConfig, columns: Array, h: Array) -> Array:
     """`TargetLM.head`'s logits [..., K] at the ids whose `head_columns` are given: the same products, in
     the same form and dtypes, over K vocabulary entries instead of V."""
     if cfg.tie_word_embeddings:
-        logits = tied_logits(h, columns, cfg.numerics.lm_head)
+        logits = tied_logits(h, columns, cfg.numerics)
     else:  # nn.Dense promotes both operands to the compute dtype
         dt = dtype_of(cfg.dtype)
-        logits = accumulate_f32(h.astype(dt), columns.astype(dt), (((h.ndim - 1,), (0,)), ((), ())), f32_out=True)
+        logits = accumulate_f32(h.astype(dt), columns.astype(dt), (((h.ndim - 1,), (0,)), ((), ())), f32_out=True,
+                                products=cfg.numerics.decode_products)
     cap = cfg.final_logit_softcapping
     return logits if cap is None else cap * jnp.tanh(logits / cap)
 

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from carryover_jax.errors import CheckpointError, first_line
+from carryover_jax.paths import cache_dir
 from carryover_jax.weights.gguf import convert_gguf, is_converted
 
 
@@ -39,10 +40,6 @@ ALIASES: dict[str, PackagedModel] = {
         chunked=True,
     ),
 }
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("CARRYOVER_CACHE", Path.home() / ".cache" / "carryover_jax"))
 
 
 def packaged_file(alias: str) -> Path:

@@ -1,0 +1,156 @@
+"""Few-row products on the CPU (a decode step's projections and head), float32 or bf16 operands with float32
+products and sums: the kernel of `cpu_products.cc`, an XLA FFI custom call built once per machine with the
+system's C++ compiler into `$CARRYOVER_CACHE/cpu-kernels`.
+
+XLA CPU streams the weights of a one-row product at the memory's rate but those of a 2-8-row product ~1.5-2x
+slower, so a verification of P + 1 tokens cost ~1.3 AR steps at batch 1 (and bf16 weights gained ~1.04x there). The kernel reads every weight once
+for all rows, in memory order, and computes each row's sums in one order whatever the row count: a token's
+logits in a verification equal its logits in an AR step bit for bit. `Numerics.decode_products` picks it
+("stream", the CPU default) or XLA's dot ("xla"); on a machine where it cannot be built (no C++ compiler)
+"stream" falls back to XLA's dot with a one-line warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from carryover_jax.numerics import warn_once
+from carryover_jax.paths import cache_dir
+
+# the most lhs rows the kernel takes, per layout: above, XLA's matrix-matrix kernels are faster (a tied head's
+# rows re-read x for every row of e, and at 5-8 rows those loads, not the memory, bound it)
+MAX_ROWS = {"kn": 8, "nk": 4}
+# the custom calls by (layout, operand dtype): w [K, N] ("kn"), e [N, K] ("nk": a tied head's rows); the
+# names carry a version (a changed kernel gets new ones, so a cached program never calls an older kernel)
+SYMBOLS = {("kn", "float32"): "CarryoverCpuProducts", ("nk", "float32"): "CarryoverCpuProductsRows",
+           ("kn", "bfloat16"): "CarryoverCpuProductsBf16", ("nk", "bfloat16"): "CarryoverCpuProductsRowsBf16"}
+TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v2" for key in SYMBOLS}
+SOURCE = Path(__file__).with_name("cpu_products.cc")
+_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
+
+
+def _cpu_identity() -> str:
+    """What `-march=native` compiles for: the CPU's model and feature flags (a cache folder shared between
+    machines must not hand one CPU's build to another)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        keep = [ln for ln in lines if ln.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")]
+        return "\n".join(dict.fromkeys(keep))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _compile(cxx: str, out: Path, native: bool) -> str | None:
+    """Build the library into `out` (atomically: a temporary file, then a rename); None or the error."""
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    cmd = [cxx, *_FLAGS, *(["-march=native"] if native else []), "-I", jax.ffi.include_dir(), str(SOURCE),
+           "-o", str(tmp)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        return (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+    os.replace(tmp, out)
+    return None
+
+
+def build() -> Path:
+    """The built library (compiled on first use, then reused). Raises RuntimeError saying why it cannot be."""
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise RuntimeError("no C++ compiler (set CXX, or install g++)")
+    import jaxlib
+
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), jaxlib.__version__, cxx, " ".join(_FLAGS),
+                                    platform.machine(), _cpu_identity()]).encode()).hexdigest()[:16]
+    out = cache_dir() / "cpu-kernels" / f"cpu_products-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    err = _compile(cxx, out, native=True)
+    if err is not None and _compile(cxx, out, native=False) is not None:  # a compiler without -march=native
+        raise RuntimeError(f"{cxx} failed: {err}")
+    return out
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernel is built and registered with XLA in this process (once; a failure warns once)."""
+    if os.environ.get("CARRYOVER_CPU_KERNELS", "1") == "0":
+        return False
+    try:
+        import ctypes
+
+        lib = ctypes.cdll.LoadLibrary(str(build()))
+        for key, symbol in SYMBOLS.items():
+            jax.ffi.register_ffi_target(TARGETS[key], jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    except (RuntimeError, OSError, AttributeError) as e:
+        warn_once(f"numerics: decode_products 'stream' falls back to XLA's dot: the CPU kernel is unavailable "
+                  f"({' '.join(str(e).split())})")
+        return False
+    return True
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def products(x: jax.Array, w: jax.Array, layout: str = "kn") -> jax.Array:
+    """x [M, K] . w -> float32 [M, N] for 1 <= M <= 8 by the kernel (CPU only), x and w both float32 or both
+    bf16: w is [K, N] ("kn") or [N, K] ("nk", a tied head's embedding). Differentiable (the backward
+    pass is XLA's dots); under vmap each example is its own call."""
+    if not available():
+        raise RuntimeError("the CPU products kernel is unavailable on this machine (see the warning above)")
+    n = w.shape[1] if layout == "kn" else w.shape[0]
+    out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
+    call = jax.ffi.ffi_call(TARGETS[layout, jnp.dtype(x.dtype).name], out, vmap_method="sequential")
+    return call(x, w)
+
+
+def _products_fwd(x, w, layout):
+    return products(x, w, layout), (x, w)
+
+
+def _products_bwd(layout, res, g):
+    x, w = res
+    dx, dw = (g @ w.T, x.T @ g) if layout == "kn" else (g @ w, g.T @ x)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+products.defvjp(_products_fwd, _products_bwd)
+
+
+def layout_of(lhs, rhs, dimension_numbers) -> str | None:
+    """"kn" / "nk" for a `dot_general` the kernel computes: float32 or bf16 operands (both the same), a
+    [.., K] lhs against a 2-D [K, N] rhs (a Dense layer's kernel) or [N, K] rhs (a tied embedding), no batch
+    dimensions, 1 to MAX_ROWS[layout] lhs rows; else None."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    layout = {(0,): "kn", (1,): "nk"}.get(tuple(rc))
+    if (layout is None or lhs.dtype != rhs.dtype or lhs.dtype not in (jnp.float32, jnp.bfloat16) or rhs.ndim != 2
+            or lhs.ndim < 1 or lb or rb or tuple(lc) != (lhs.ndim - 1,) or 0 in rhs.shape
+            or not 1 <= math.prod(lhs.shape[:-1]) <= MAX_ROWS[layout]):
+        return None
+    return layout
+
+
+def dot(lhs, rhs, dimension_numbers, plain):
+    """`plain(lhs, rhs)` (an XLA dot with float32 output), computed by the kernel where it applies and the
+    program is lowered for CPU; every other platform (and a machine without the kernel) lowers `plain`."""
+    layout = layout_of(lhs, rhs, dimension_numbers)
+    if layout is None or not available():
+        return plain(lhs, rhs)
+
+    def kernel(a, b):
+        out = products(a.reshape(-1, a.shape[-1]), b, layout)
+        return out.reshape(*a.shape[:-1], out.shape[-1])
+
+    return jax.lax.platform_dependent(lhs, rhs, cpu=kernel, default=plain)

@@ -1,0 +1,135 @@
+"""The CPU's few-row products kernel (`models/cpu_products.cc`) against float64 numpy, row by row bit for bit
+against its own one-row calls (what makes a verified token's logits those of an AR step), its gradient and vmap
+against XLA's dots; where the model lowers it (float32 products of 1-8 rows, CPU only); AR decoding with it
+against transformers' greedy decoding; and a machine that cannot build it (one warning line, XLA's dot)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from carryover_jax import load_target
+from carryover_jax import numerics as N
+from carryover_jax.errors import ConfigError
+from carryover_jax.models import cpu_products as cp
+from carryover_jax.models.target import TargetLM
+from carryover_jax.numerics import Numerics
+
+pytestmark = pytest.mark.skipif(not cp.available(), reason="no C++ compiler for the CPU kernel")
+
+SHAPES = ((576, 192), (37, 19), (3, 16), (130, 1), (1536, 576))  # K, N: tails of K % 4, N % 16, K < 4, N = 1
+
+
+def _call(x, w, layout):
+    return np.asarray(jax.jit(cp.products, static_argnums=2)(x, w, layout))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_products_equal_float64_and_every_row_its_own_one_row_call(layout, dtype):
+    """bf16 operands: products of the bf16 values, exact in float32, summed in float32 (XLA's bf16 dots with
+    float32 accumulation compute the same sums)."""
+    rng = np.random.default_rng(0)
+    for k, n in SHAPES:
+        w = jnp.asarray(rng.normal(size=(k, n)), dtype)
+        wl = w if layout == "kn" else jnp.asarray(w.T)
+        for m in (1, 2, 4, 5, 8):
+            x = jnp.asarray(rng.normal(size=(m, k)), dtype)
+            y = _call(x, wl, layout)
+            assert y.dtype == np.float32
+            want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+            np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.sqrt(k))
+            for i in range(m):  # bitwise: the row count never changes a row's sums
+                np.testing.assert_array_equal(_call(x[i:i + 1], wl, layout), y[i:i + 1], err_msg=f"{k}x{n} m={m}")
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_gradient_and_vmap_follow_xla(layout):
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(3, 40)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(40, 24) if layout == "kn" else (24, 40)), jnp.float32)
+    xla = (lambda a, b: a @ b) if layout == "kn" else (lambda a, b: a @ b.T)
+    loss = lambda f: lambda a, b: jnp.sum(jnp.sin(f(a, b)))  # noqa: E731
+    got = jax.grad(loss(lambda a, b: cp.products(a, b, layout)), argnums=(0, 1))(x, w)
+    want = jax.grad(loss(xla), argnums=(0, 1))(x, w)
+    for g, h in zip(got, want):
+        np.testing.assert_allclose(g, h, rtol=1e-5, atol=1e-5)
+    xs = jnp.stack([x, 2 * x])
+    np.testing.assert_allclose(jax.vmap(lambda a: cp.products(a, w, layout))(xs), jax.vmap(lambda a: xla(a, w))(xs),
+                               rtol=1e-5, atol=1e-4)
+
+
+def _program(cfg, rows: int, platform: str = "cpu") -> str:
+    model = TargetLM(cfg)
+    tokens = jnp.zeros((1, rows), jnp.int32)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens))["params"]
+    return jax.jit(lambda p, t: model.apply({"params": p}, t)).trace(params, tokens).lower(
+        lowering_platforms=(platform,)).as_text()
+
+
+def _cfg(tiny_llama, **numerics):
+    return load_target(tiny_llama.path, numerics=Numerics(**numerics), tokenizer=False).cfg
+
+
+def test_the_model_lowers_the_kernel_only_where_it_applies(tiny_llama):
+    stream = _cfg(tiny_llama)
+    assert stream.numerics.decode_products == "stream" and stream.tie_word_embeddings is False
+    assert stream.num_layers == 3
+    text = _program(stream, 4)  # q, k, v, o, gate, up, down a layer and the untied head
+    assert text.count(cp.TARGETS["kn", "float32"]) == 7 * 3 + 1, text.count(cp.TARGETS["kn", "float32"])
+    tied = stream.replace(tie_word_embeddings=True)
+    assert _program(tied, 4).count(cp.TARGETS["nk", "float32"]) == 1
+    assert cp.TARGETS["nk", "float32"] not in _program(tied, 5)  # a tied head above 4 rows: XLA's kernel
+    assert _program(_cfg(tiny_llama, dtype="bfloat16"), 4).count(cp.TARGETS["kn", "bfloat16"]) == 7 * 3 + 1
+    for cfg, rows, platform in ((stream, 9, "cpu"),  # more rows than the kernel takes: XLA's matrix kernel
+                                (_cfg(tiny_llama, decode_products="xla"), 4, "cpu"),
+                                (_cfg(tiny_llama, dtype="float16"), 4, "cpu"),  # no float16 kernel
+                                (stream, 4, "cuda")):  # accelerators never lower it
+        text = _program(cfg, rows, platform)
+        assert not any(t in text for t in cp.TARGETS.values()), (rows, cfg.numerics, platform)
+
+
+def test_ar_decoding_with_the_kernel_equals_transformers_and_xla_dots(tiny_llama):
+    """Greedy AR decoding with the kernel picks transformers' greedy tokens (teacher-forced check, as in
+    test_smollm2) and XLA's dots' tokens."""
+    import torch
+
+    from carryover_jax import generate
+
+    prompts = [[5, 17, 33, 2, 61], [7, 7, 90, 41, 3, 12, 8]]
+    out = {}
+    for name in ("stream", "xla"):
+        target = load_target(tiny_llama.path, numerics=Numerics(decode_products=name), tokenizer=False)
+        out[name] = [r.token_ids for r in generate(target, prompts, max_new_tokens=16)]
+    assert out["stream"] == out["xla"]
+    for p, r in zip(prompts, out["stream"]):
+        with torch.no_grad():
+            logits = tiny_llama.hf(torch.tensor([p + r])).logits[0]
+        assert r == logits[len(p) - 1:-1].argmax(-1).tolist()
+
+
+def test_numerics_choice_is_checked_and_defaults_per_platform():
+    assert Numerics.for_platform("cpu").decode_products == "stream"
+    assert Numerics.for_platform("cuda").decode_products == "xla"
+    assert Numerics.for_platform("tpu").decode_products == "xla"
+    with pytest.raises(ConfigError, match="decode_products must be one of xla, stream"):
+        Numerics(decode_products="fast")
+
+
+def test_no_compiler_means_one_warning_and_xla_dots(tmp_path, monkeypatch, capsys, tiny_llama):
+    monkeypatch.setenv("CARRYOVER_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(N, "_WARNED", set())
+    cp.available.cache_clear()
+    try:
+        assert not cp.available() and not cp.available()
+        err = capsys.readouterr().err
+        assert err.count("warning: numerics: decode_products 'stream' falls back to XLA's dot") == 1, err
+        assert "no-such-compiler" in err and len(err.strip().splitlines()) == 1
+        assert not any(t in _program(_cfg(tiny_llama), 4) for t in cp.TARGETS.values())
+        with pytest.raises(RuntimeError, match="unavailable"):
+            cp.products(jnp.ones((1, 4)), jnp.ones((4, 4)))
+    finally:
+        monkeypatch.undo()
+        cp.available.cache_clear()
+    assert cp.available()  # the real build again (already registered: not registered twice)
