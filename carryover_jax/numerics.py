@@ -210,7 +210,8 @@ class Numerics:
 
     def describe(self) -> str:
         return (f"params {self.param_dtype} (drafter {self.drafter_param_dtype}), compute {self.dtype}, "
-                f"cache {self.cache_dtype}{' (as bits)' if self.cache_storage != self.cache else ''}, attention {self.attention_backend}, lm_head {self.lm_head}")
+                f"cache {self.cache_dtype}{' (as bits)' if self.cache_storage != self.cache else ''}, "
+                f"attention {self.attention_backend}, lm_head {self.lm_head}, decode_products {self.decode_products}")
 
 
 # CPU flags of native bf16 dots (AVX-512 BF16 on Zen 4 / Cooper Lake+, AMX on Sapphire Rapids+; Arm's

@@ -3,11 +3,11 @@ products and sums: the kernel of `cpu_products.cc`, an XLA FFI custom call built
 system's C++ compiler into `$CARRYOVER_CACHE/cpu-kernels`.
 
 XLA CPU streams the weights of a one-row product at the memory's rate but those of a 2-8-row product ~1.5-2x
-slower, so a verification of P + 1 tokens cost ~1.3 AR steps at batch 1 (and bf16 weights gained ~1.04x there). The kernel reads every weight once
-for all rows, in memory order, and computes each row's sums in one order whatever the row count: a token's
-logits in a verification equal its logits in an AR step bit for bit. `Numerics.decode_products` picks it
-("stream", the CPU default) or XLA's dot ("xla"); on a machine where it cannot be built (no C++ compiler)
-"stream" falls back to XLA's dot with a one-line warning.
+slower, so a verification of P + 1 tokens cost ~1.3 AR steps at batch 1 (and bf16 weights gained ~1.04x there).
+The kernel reads every weight once for all rows, in memory order, and computes each row's sums in one order
+whatever the row count: a token's products in a verification equal its products in an AR step bit for bit.
+`Numerics.decode_products` picks it ("stream", the CPU default) or XLA's dot ("xla"); on a machine where it
+cannot be built (no C++ compiler) "stream" falls back to XLA's dot with a one-line warning.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ MAX_ROWS = {"kn": 8, "nk": 4}
 # names carry a version (a changed kernel gets new ones, so a cached program never calls an older kernel)
 SYMBOLS = {("kn", "float32"): "CarryoverCpuProducts", ("nk", "float32"): "CarryoverCpuProductsRows",
            ("kn", "bfloat16"): "CarryoverCpuProductsBf16", ("nk", "bfloat16"): "CarryoverCpuProductsRowsBf16"}
-TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v2" for key in SYMBOLS}
+TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v1" for key in SYMBOLS}
 SOURCE = Path(__file__).with_name("cpu_products.cc")
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
 
@@ -61,7 +61,8 @@ def _compile(cxx: str, out: Path, native: bool) -> str | None:
         return str(e)
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)
-        return (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        lines = r.stderr.strip().splitlines() or [f"exit {r.returncode}"]
+        return next((ln for ln in lines if "error" in ln), lines[-1])
     os.replace(tmp, out)
     return None
 

@@ -2,7 +2,8 @@
 dots ("xla") against the few-row kernel (`numerics.decode_products` "stream"), every program compiled side by
 side (`jax.clear_caches()` between the two), calls alternated in one process.
 `python ab_steps.py P REPS`; DRAFTER=folder for a trained drafter (its P), else a random 2-layer DFlash drafter
-with an 8,192-token draft vocabulary and P proposals; DTYPE=bfloat16 for a bf16 target (params, compute, cache)."""
+with an 8,192-token draft vocabulary and P proposals; DTYPE=bfloat16 for a bf16 target (params, compute, cache);
+AA=1 compiles "stream" for both arms (an A/A: the spread that timing alone gives)."""
 import os, sys, time, jax, jax.numpy as jnp, numpy as np
 from carryover_jax.loading import load_target, load_drafter, init_drafter
 from carryover_jax.decode import autoregressive as ar, speculative as sp
@@ -31,9 +32,10 @@ def reset(s):
 
 
 progs, state, outs = {}, {}, {}
-for name in ("xla", "stream"):
-    tcfg = target.cfg.replace(numerics=target.cfg.numerics.replace(decode_products=name))
-    dcfg = drafter.cfg.with_numerics(drafter.cfg.numerics.replace(decode_products=name))
+ARMS = {"xla": "stream" if os.environ.get("AA") == "1" else "xla", "stream": "stream"}
+for name, products in ARMS.items():
+    tcfg = target.cfg.replace(numerics=target.cfg.numerics.replace(decode_products=products))
+    dcfg = drafter.cfg.with_numerics(drafter.cfg.numerics.replace(decode_products=products))
     sc = sp.SpecConfig(target=tcfg, drafter=dcfg, attend_carried=dcfg.carryover)
     cache, logits = ar.prefill(tcfg, tp, tokens, lens, max_len=L)
     s = sp.prefill(sc, tp, dp, tokens, lens, jnp.full((batch,), n, jnp.int32), jnp.zeros((batch,)),
@@ -69,7 +71,8 @@ for _ in range(REPS):
     for k in progs:
         t = time.perf_counter(); jax.block_until_ready(call(*k)); ts[k].append(time.perf_counter() - t)
 med = {k: 1e3 * float(np.median(v)) for k, v in ts.items()}
-print(f"P={P} batch 1, cache {L}, prompt {prompt_len}, {target.cfg.numerics.dtype}, {REPS} alternated calls; median ms:")
+print(f"P={P} batch 1, cache {L}, prompt {prompt_len}, {target.cfg.numerics.dtype}, {REPS} alternated calls"
+      f"{' (A/A: both arms stream)' if ARMS['xla'] == 'stream' else ''}; median ms:")
 for k, v in med.items():
     print(f"  {k[0]:7s} {k[1]:6s} {v:7.2f}")
 for name in ("xla", "stream"):
