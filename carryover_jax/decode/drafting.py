@@ -91,7 +91,7 @@ def draft_block_logits(cfg: DrafterConfig, params, frozen, cache: KVCache, ancho
     h = h[:, proposal_slots(cfg)]
     if cfg.draft_vocab:
         return m.apply({"params": params}, h, frozen, method=Drafter.logits)
-    if frozen.get("head") is None:  # tied: the numerics' head form (CPU: the few-row vocabulary-major one)
+    if frozen.get("head") is None:  # tied: the numerics' head forms (CPU: the few-row kernel or vocabulary-major)
         return cap_logits(tied_logits(h, frozen["embed"], cfg.numerics), frozen)
     return logits_from_hidden(h, frozen)
 

@@ -1,6 +1,7 @@
-// Few-row products on the CPU in float32 for M <= 8 rows (a decode step: an AR step at batch 1 is 1 row, a
-// verification of P + 1 tokens P + 1 rows): y[M, N] = x[M, K] . w[K, N] (a Dense layer's kernel) and
-// y[M, N] = x[M, K] . e[N, K]^T (a tied LM head's [V, d] embedding: each y[m, n] one row of e against x[m]).
+// Few-row products on the CPU for M <= 8 rows (a decode step: an AR step at batch 1 is 1 row, a verification
+// of P + 1 tokens P + 1 rows), float32 or bf16 operands, float32 products, sums and result:
+// y[M, N] = x[M, K] . w[K, N] (a Dense layer's kernel) and y[M, N] = x[M, K] . e[N, K]^T (a tied LM head's
+// [V, d] embedding: each y[m, n] one row of e against x[m]).
 //
 // Why: XLA CPU runs a one-row product as a matrix-vector kernel that streams the weights at the memory's
 // rate, but 2-8 rows as a matrix-matrix kernel that streams them ~1.5-2x slower, so verifying 4 tokens cost
@@ -10,7 +11,7 @@
 // e [N, K] the N rows are split into contiguous chunks and each row is read once against all M rows of x.
 //
 // Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix), so a
-// token's logits in a P + 1-row verification equal, bit for bit, its logits in a one-row AR step.
+// token's products in a P + 1-row verification equal, bit for bit, its products in a one-row AR step.
 #include <atomic>
 #include <cstdint>
 #include <cstring>

@@ -105,9 +105,9 @@ class Drafter(nn.Module):
     def setup(self):
         c, bc = self.cfg, self.cfg.backbone
         dt, pdt = dtype_of(bc.dtype), dtype_of(bc.param_dtype)
-        rows = bc.numerics.decode_products
+        products = bc.numerics.decode_products
         self.fc = dense(bc.hidden_size, "fc", ("features", "embed"), use_bias=False, dtype=dt, param_dtype=pdt,
-                        products=rows)
+                        products=products)
         self.hidden_norm = RMSNorm(bc.rms_norm_eps, dt, pdt, kind=bc.norm_kind)
         self.layers = DraftLayers(c, self.remat)
         self.norm = RMSNorm(bc.rms_norm_eps, dt, pdt, kind=bc.norm_kind)
@@ -121,7 +121,7 @@ class Drafter(nn.Module):
             self.markov_head = MarkovHead(bc.vocab_size, c.markov_rank, pdt)
         if c.draft_vocab:
             self.lm_head = dense(len(c.draft_vocab), "lm_head", ("embed", "vocab"), use_bias=False, dtype=jnp.float32,
-                                 param_dtype=pdt, products=rows)
+                                 param_dtype=pdt, products=products)
 
     # -- context rows -------------------------------------------------------------------------------
     def fuse(self, features: Array) -> Array:

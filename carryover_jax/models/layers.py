@@ -31,7 +31,7 @@ Array = jax.Array
 def tied_logits(h: Array, embedding: Array, numerics) -> Array:
     """h [..., d] against a tied [V, d] embedding -> float32 logits [..., V], accumulated in float32, in the
     run's `Numerics` forms: `lm_head` ("vocab_major": XLA's CPU form for the few rows of a decode step; see
-    `numerics.lm_head_logits`), and `decode_products` ("stream": `cpu_products`' kernel at <= 8 rows)."""
+    `numerics.lm_head_logits`), and `decode_products` ("stream": `cpu_products`' kernel at 1-4 rows)."""
     plain = functools.partial(lm_head_logits, vocab_major_weight=True, impl=numerics.lm_head)
     if numerics.decode_products != "stream":
         return plain(h, embedding)
@@ -50,7 +50,7 @@ def accumulate_f32(lhs, rhs, dimension_numbers, precision=None, preferred_elemen
     natively (~2x float32's rate where the CPU has avx512_bf16 / AMX; one-row products: `dot_f32`). On
     GPUs the gemm accumulates in float32 either way: the rounding is the same. `f32_out` keeps the float32
     result (an LM head's logits). `products` is the run's `Numerics.decode_products` ("stream": a float32
-    product of at most 8 rows lowered for CPU runs `cpu_products`' kernel)."""
+    or bf16 product of 1-8 rows lowered for CPU runs `cpu_products`' kernel)."""
     del preferred_element_type, kw
     plain = functools.partial(dot_f32, dimension_numbers=dimension_numbers, precision=precision)
     out = cpu_products.dot(lhs, rhs, dimension_numbers, plain) if products == "stream" else plain(lhs, rhs)
