@@ -116,6 +116,15 @@ def test_numerics_choice_is_checked_and_defaults_per_platform():
         Numerics(decode_products="fast")
 
 
+def test_the_cli_refuses_an_unknown_choice_in_one_line(capsys):
+    from carryover_jax.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--prompt", "hi", "--decode-products", "fast"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and "--decode-products: invalid choice: 'fast'" in err[-1]
+
+
 def test_no_compiler_means_one_warning_and_xla_dots(tmp_path, monkeypatch, capsys, tiny_llama):
     monkeypatch.setenv("CARRYOVER_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
@@ -132,4 +141,4 @@ def test_no_compiler_means_one_warning_and_xla_dots(tmp_path, monkeypatch, capsy
     finally:
         monkeypatch.undo()
         cp.available.cache_clear()
-    assert cp.available()  # the real build again (already registered: not registered twice)
+    assert cp.available()  # the real build again (its custom calls were registered once, by the first build)

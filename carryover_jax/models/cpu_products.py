@@ -36,6 +36,7 @@ SYMBOLS = {("kn", "float32"): "CarryoverCpuProducts", ("nk", "float32"): "Carryo
            ("kn", "bfloat16"): "CarryoverCpuProductsBf16", ("nk", "bfloat16"): "CarryoverCpuProductsRowsBf16"}
 TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v1" for key in SYMBOLS}
 SOURCE = Path(__file__).with_name("cpu_products.cc")
+_REGISTERED: set[str] = set()  # the custom calls this process has registered
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
 
 
@@ -96,7 +97,9 @@ def available() -> bool:
 
         lib = ctypes.cdll.LoadLibrary(str(build()))
         for key, symbol in SYMBOLS.items():
-            jax.ffi.register_ffi_target(TARGETS[key], jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+            if TARGETS[key] not in _REGISTERED:  # once per process
+                jax.ffi.register_ffi_target(TARGETS[key], jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+                _REGISTERED.add(TARGETS[key])
     except (RuntimeError, OSError, AttributeError) as e:
         warn_once(f"numerics: decode_products 'stream' falls back to XLA's dot: the CPU kernel is unavailable "
                   f"({' '.join(str(e).split())})")
