@@ -149,7 +149,7 @@ class Numerics:
         narrow = {getattr(self, f) for f in ("param_dtype", "drafter_param_dtype", "dtype", "cache_dtype")}
         if "bfloat16" in narrow and not cpu_has_native_bf16():
             warn_once("numerics: this CPU has no native bf16 arithmetic (no avx512_bf16 / amx_bf16 flag): "
-                       "bf16 runs emulated, slower than float32; use float32 here")
+                      "bf16 runs emulated, slower than float32; use float32 here")
 
     def check_cuda_support(self) -> None:
         """Where this jax has no Pallas Triton backend: `auto` reads caches with the masked dense einsum on
@@ -161,7 +161,7 @@ class Numerics:
             raise ConfigError(missing_triton(self.attention_backend))
         if self.attention_backend == "auto":
             warn_once(f"numerics: jax {_jax_version()} has no Pallas Triton backend; attention 'auto' on cuda "
-                       "falls back to einsum (a masked dense read of the whole KV cache at every decode step)")
+                      "falls back to einsum (a masked dense read of the whole KV cache at every decode step)")
 
     def over(self, base: "Numerics | None") -> "Numerics":
         """These fields where set, `base`'s elsewhere (e.g. prepare's `data.numerics` over the run's)."""
@@ -272,6 +272,7 @@ _WARNED: set[str] = set()
 
 
 def warn_once(msg: str) -> None:
+    """`msg` as one "warning: ..." line on stderr, once per process."""
     import sys
 
     if msg not in _WARNED:
