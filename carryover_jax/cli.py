@@ -42,7 +42,7 @@ def _add_numerics_args(p: argparse.ArgumentParser):
     from carryover_jax.numerics import DECODE_PRODUCTS, DTYPES, LM_HEADS
 
     g = p.add_argument_group("numerics", "dtypes and kernels of this run; default: the platform's (bfloat16 "
-                             "and attention auto on GPU/TPU, float32 and einsum on CPU)")
+                             "and attention auto on GPU/TPU, float32 and attention cpu on CPU)")
     for name, text in _NUMERICS_FLAGS:
         choices = {"attention_backend": ATTENTION_BACKENDS, "lm_head": LM_HEADS,
                    "decode_products": DECODE_PRODUCTS}.get(name, DTYPES)

@@ -10,7 +10,8 @@ drafter's backbone carries `Numerics.drafter_view()`), set at the runtime bounda
 A field left `None` is "the platform's default", filled by `resolve(platform)`: bfloat16 params,
 activations and caches on accelerators, float32 on CPU (where a bf16 run keeps float32 caches unless
 asked: `resolve`); attention "auto" on accelerators (the fused kernels where they exist and this jax
-has their backend: `check_cuda_support`), "einsum" on CPU; the vocabulary-major tied head on CPU only.
+has their backend: `check_cuda_support`), "cpu" on CPU (its decode attention kernel, `models/cpu_attention.py`);
+the vocabulary-major tied head on CPU only.
 The platform is an argument, not only the process's default backend, so a CUDA program can be built, lowered
 (`lower(lowering_platforms=("cuda",))`) and inspected from a CPU machine. The drafter's params default
 to float32 everywhere: training keeps them as the float32 master copy, and a 5-layer drafter is small
@@ -35,7 +36,7 @@ from carryover_jax.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
 # the attention kernels (models/layers.py `attention_core` says what each one runs)
-ATTENTION_BACKENDS = ("einsum", "xla", "cudnn", "pallas", "mosaic", "auto")
+ATTENTION_BACKENDS = ("einsum", "cpu", "xla", "cudnn", "pallas", "mosaic", "auto")
 KERNEL_BACKENDS = ("pallas", "cudnn")  # the ones that run the Triton kernel (`models/kernels.py`) on cuda
 # what pallas_call's GPU lowering and the kernel's compiler params import: jax 0.11 deprecated the Pallas
 # Triton backend, "to be removed in a future JAX version" (docs/gpu-kernel-migration.md)
@@ -99,12 +100,12 @@ class Numerics:
     # ---- resolution ---------------------------------------------------------------------------------
     @classmethod
     def platform_default(cls, platform: str | None = None) -> "Numerics":
-        """Every field set: bfloat16 + "auto" attention on accelerators, float32 + "einsum" (and the
+        """Every field set: bfloat16 + "auto" attention on accelerators, float32 + "cpu" attention (and the
         vocabulary-major tied head) on CPU; drafter params float32 everywhere."""
         p = canonical_platform(platform)
         if p == "cpu":
             return cls(param_dtype="float32", drafter_param_dtype="float32", dtype="float32", cache_dtype="float32",
-                       attention_backend="einsum", lm_head="vocab_major", cache_bits=True, decode_products="stream")
+                       attention_backend="cpu", lm_head="vocab_major", cache_bits=True, decode_products="stream")
         return cls(param_dtype="bfloat16", drafter_param_dtype="float32", dtype="bfloat16", cache_dtype="bfloat16",
                    attention_backend="auto", lm_head="plain", cache_bits=False, decode_products="xla")
 
@@ -286,8 +287,8 @@ def _jnp_dtype(name: str | None):
     return jnp.dtype(name or "float32")
 
 
-# float32 everywhere, einsum attention: the reference the parity tests compare with HF (and what a
-# model config holds until the runtime boundary sets the run's numerics)
+# float32 everywhere, the CPU's attention and products: the reference the parity tests compare with HF (and what
+# a model config holds until the runtime boundary sets the run's numerics)
 REFERENCE = Numerics.platform_default("cpu")
 
 

@@ -20,10 +20,11 @@ from typing import Any, Callable
 
 import jax
 
-# op kinds by event name (XLA's CPU thunks: a dot runs as `dot`, inside a library fusion, or as an `ffi_call`,
-# the few-row products kernel of models/cpu_products.cc, the only FFI call the models make; the live-length
-# cache read of `attention_core` is a `while`)
-KINDS = (("matmul", re.compile(r"^(dot|convolution|[xy]nn_fusion|onednn|custom-call|ffi_call)")),
+# op kinds by event name (XLA's CPU thunks: a dot runs as `dot` or inside a library fusion; an `ffi_call` is one
+# of the CPU kernels of models/cpu_*.cc, the few-row products or the cache attention (a trace does not say
+# which); einsum's live-length cache read of `attention_core` is a `while`)
+KINDS = (("matmul", re.compile(r"^(dot|convolution|[xy]nn_fusion|onednn|custom-call)")),
+         ("CPU kernels", re.compile(r"^ffi_call")),
          ("attention loop", re.compile(r"^while")),
          ("cache write", re.compile(r"dynamic-update-slice|scatter")),
          ("cache read", re.compile(r"dynamic-slice|gather")),

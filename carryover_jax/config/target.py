@@ -80,7 +80,7 @@ class TargetConfig:
     layer_scalar: bool = False  # Gemma 4: each layer's output x a stored scalar `layer_scalar`
     # The run's numerics (carryover_jax/numerics.py): param/compute/cache dtypes, attention backend, LM
     # head. A runtime choice, not part of the model: set at the runtime boundary (load_target, train,
-    # prepare, the CLI) and left out of every serialized config. Default: the float32 einsum reference.
+    # prepare, the CLI) and left out of every serialized config. Default: the float32 CPU reference.
     numerics: Numerics = REFERENCE
 
     def __post_init__(self):

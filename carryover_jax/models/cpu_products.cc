@@ -12,55 +12,19 @@
 //
 // Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix), so a
 // token's products in a P + 1-row verification equal, bit for bit, its products in a one-row AR step.
-#include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "cpu_common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float v16 __attribute__((vector_size(64)));  // one AVX-512 register, or two AVX2 ones
-
-inline v16 load(const float* p) { v16 v; std::memcpy(&v, p, sizeof v); return v; }
-inline v16 load(const uint16_t* p) {  // 16 bf16 (their bits) widened exactly: the bits become a float's top half
-  typedef uint16_t u16x16 __attribute__((vector_size(32)));
-  typedef uint32_t u32x16 __attribute__((vector_size(64)));
-  u16x16 h;
-  std::memcpy(&h, p, sizeof h);
-  const u32x16 wide = __builtin_convertvector(h, u32x16) << 16;
-  v16 v;
-  std::memcpy(&v, &wide, sizeof v);
-  return v;
-}
-inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
-inline float value(float v) { return v; }
-inline float value(uint16_t bits) {
-  const uint32_t wide = uint32_t(bits) << 16;
-  float v;
-  std::memcpy(&v, &wide, sizeof v);
-  return v;
-}
-
-inline float sum(v16 v) {  // a fixed tree: 16 -> 8 -> 4 lanes, then (0 + 2) + (1 + 3)
-  typedef float v8 __attribute__((vector_size(32)));
-  typedef float v4 __attribute__((vector_size(16)));
-  v8 a, b;
-  std::memcpy(&a, &v, 32);
-  std::memcpy(&b, reinterpret_cast<const char*>(&v) + 32, 32);
-  a += b;
-  v4 c, d;
-  std::memcpy(&c, &a, 16);
-  std::memcpy(&d, reinterpret_cast<const char*>(&a) + 16, 16);
-  c += d;
-  return (c[0] + c[2]) + (c[1] + c[3]);
-}
+using namespace carryover;
 
 constexpr int kMaxRows = 8;
 constexpr int kBlock = 4;        // rows of w read together
@@ -150,37 +114,6 @@ ChunkFn<W> chunk_fn(int64_t rows) {
   return rows >= 1 && rows <= kMaxRows ? (kRows ? by_n : by_k)[rows - 1] : nullptr;
 }
 
-inline void relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
-// Chunks are claimed from a counter by the calling thread and the pool's tasks alike, so the call finishes
-// even when every other pool thread is busy; a task that starts late finds nothing left and returns.
-template <typename W>
-struct Work {
-  ChunkFn<W> fn;
-  bool by_rows;  // e [N, K]: chunks of N, each writing its columns of y; else chunks of K with partial sums
-  const float* x;
-  const W* w;
-  float* y;
-  int64_t rows, K, N, size, chunks;
-  std::vector<float> partials;  // chunks of K 1.. (chunk 0 writes y)
-  std::atomic<int64_t> next{0}, done{0};
-
-  void run() {
-    const int64_t total = by_rows ? N : K;
-    for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
-      const int64_t a = c * size, b = a + size < total ? a + size : total;
-      fn(x, w, by_rows || c == 0 ? y : partials.data() + (c - 1) * rows * N, K, N, a, b);
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
 // T: the operands' dtype (F32, or BF16: x widened to float once, w as it is read); y is float32 either way.
 template <bool kRows, ffi::DataType T>
 ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ffi::ResultBuffer<ffi::F32> y) {
@@ -198,34 +131,30 @@ ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ff
     return ffi::Error::Success();
   }
   // the split depends on K, N and the pool's size only (never on `rows`): every row's sums run in one order
-  int64_t threads = pool.num_threads();
-  if (threads < 1) threads = 1;
-  auto work = std::make_shared<Work<W>>();
-  work->fn = fn;
-  work->by_rows = kRows;
+  const int64_t threads = pool.num_threads() < 1 ? 1 : pool.num_threads();
   std::vector<float> wide;
+  const float* xs = nullptr;
   if constexpr (std::is_same_v<W, float>) {
-    work->x = x.typed_data();
+    xs = x.typed_data();
   } else {
     wide.resize(rows * K);
     for (int64_t i = 0; i < rows * K; ++i) wide[i] = value(x.typed_data()[i]);
-    work->x = wide.data();
+    xs = wide.data();
   }
-  work->w = w.typed_data();
-  work->y = y->typed_data();
-  work->rows = rows;
-  work->K = K;
-  work->N = N;
+  const W* ws = w.typed_data();
+  float* out = y->typed_data();
   const int64_t total = kRows ? N : K, per = (total + threads - 1) / threads;
-  work->size = kRows ? per : (per + kBlock - 1) / kBlock * kBlock;
-  work->chunks = (total + work->size - 1) / work->size;
-  if (!kRows) work->partials.resize((work->chunks - 1) * rows * N);
-  for (int64_t t = 1; t < work->chunks; ++t) pool.Schedule([work] { work->run(); });
-  work->run();
-  while (work->done.load(std::memory_order_acquire) < work->chunks) relax();
-  float* out = work->y;
-  for (int64_t c = 1; !kRows && c < work->chunks; ++c) {
-    const float* p = work->partials.data() + (c - 1) * rows * N;
+  const int64_t size = kRows ? per : (per + kBlock - 1) / kBlock * kBlock, chunks = (total + size - 1) / size;
+  // chunks of N write their own columns of y; chunks of K 1.. write partial sums (chunk 0 writes y), added
+  // to y in chunk order after
+  std::vector<float> partials(kRows ? 0 : (chunks - 1) * rows * N);
+  float* part = partials.data();
+  parallel_for(pool, chunks, threads, [=](int64_t c) {
+    const int64_t a = c * size, b = a + size < total ? a + size : total;
+    fn(xs, ws, kRows || c == 0 ? out : part + (c - 1) * rows * N, K, N, a, b);
+  });
+  for (int64_t c = 1; !kRows && c < chunks; ++c) {
+    const float* p = part + (c - 1) * rows * N;
     for (int64_t i = 0; i < rows * N; ++i) out[i] += p[i];
   }
   return ffi::Error::Success();

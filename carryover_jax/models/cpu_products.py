@@ -1,6 +1,6 @@
 """Few-row products on the CPU (a decode step's projections and head), float32 or bf16 operands with float32
-products and sums: the kernel of `cpu_products.cc`, an XLA FFI custom call built once per machine with the
-system's C++ compiler into `$CARRYOVER_CACHE/cpu-kernels`.
+products and sums: the kernel of `cpu_products.cc`, an XLA FFI custom call (`cpu_kernels` builds and registers
+it).
 
 XLA CPU streams the weights of a one-row product at the memory's rate but those of a 2-8-row product ~1.5-2x
 slower, so a verification of P + 1 tokens cost ~1.3 AR steps at batch 1 (and bf16 weights gained ~1.04x there).
@@ -13,19 +13,12 @@ cannot be built (no C++ compiler) "stream" falls back to XLA's dot with a one-li
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
-import os
-import platform
-import shutil
-import subprocess
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-from carryover_jax.numerics import warn_once
-from carryover_jax.paths import cache_dir
+from carryover_jax.models import cpu_kernels
 
 # the most lhs rows the kernel takes, per layout: above, XLA's matrix-matrix kernels are faster (a tied head's
 # rows re-read x for every row of e, and at 5-8 rows those loads, not the memory, bound it)
@@ -35,76 +28,13 @@ MAX_ROWS = {"kn": 8, "nk": 4}
 SYMBOLS = {("kn", "float32"): "CarryoverCpuProducts", ("nk", "float32"): "CarryoverCpuProductsRows",
            ("kn", "bfloat16"): "CarryoverCpuProductsBf16", ("nk", "bfloat16"): "CarryoverCpuProductsRowsBf16"}
 TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v1" for key in SYMBOLS}
-SOURCE = Path(__file__).with_name("cpu_products.cc")
-_REGISTERED: set[str] = set()  # the custom calls this process has registered
-_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
-
-
-def _cpu_identity() -> str:
-    """What `-march=native` compiles for: the CPU's model and feature flags (a cache folder shared between
-    machines must not hand one CPU's build to another)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        keep = [ln for ln in lines if ln.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")]
-        return "\n".join(dict.fromkeys(keep))
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
-def _compile(cxx: str, out: Path, native: bool) -> str | None:
-    """Build the library into `out` (atomically: a temporary file, then a rename); None or the error."""
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    cmd = [cxx, *_FLAGS, *(["-march=native"] if native else []), "-I", jax.ffi.include_dir(), str(SOURCE),
-           "-o", str(tmp)]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return str(e)
-    if r.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        lines = r.stderr.strip().splitlines() or [f"exit {r.returncode}"]
-        return next((ln for ln in lines if "error" in ln), lines[-1])
-    os.replace(tmp, out)
-    return None
-
-
-def build() -> Path:
-    """The built library (compiled on first use, then reused). Raises RuntimeError saying why it cannot be."""
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if not cxx:
-        raise RuntimeError("no C++ compiler (set CXX, or install g++)")
-    import jaxlib
-
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), jaxlib.__version__, cxx, " ".join(_FLAGS),
-                                    platform.machine(), _cpu_identity()]).encode()).hexdigest()[:16]
-    out = cache_dir() / "cpu-kernels" / f"cpu_products-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    err = _compile(cxx, out, native=True)
-    if err is not None and _compile(cxx, out, native=False) is not None:  # a compiler without -march=native
-        raise RuntimeError(f"{cxx} failed: {err}")
-    return out
 
 
 @functools.cache
 def available() -> bool:
     """Whether the kernel is built and registered with XLA in this process (once; a failure warns once)."""
-    if os.environ.get("CARRYOVER_CPU_KERNELS", "1") == "0":
-        return False
-    try:
-        import ctypes
-
-        lib = ctypes.cdll.LoadLibrary(str(build()))
-        for key, symbol in SYMBOLS.items():
-            if TARGETS[key] not in _REGISTERED:  # once per process
-                jax.ffi.register_ffi_target(TARGETS[key], jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
-                _REGISTERED.add(TARGETS[key])
-    except (RuntimeError, OSError, AttributeError) as e:
-        warn_once(f"numerics: decode_products 'stream' falls back to XLA's dot: the CPU kernel is unavailable "
-                  f"({' '.join(str(e).split())})")
-        return False
-    return True
+    return cpu_kernels.register({TARGETS[key]: symbol for key, symbol in SYMBOLS.items()},
+                                "numerics: decode_products 'stream' falls back to XLA's dot")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

@@ -21,7 +21,7 @@ from carryover_jax import numerics
 from carryover_jax.numerics import ATTENTION_BACKENDS, KERNEL_BACKENDS
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.kernels import NEG_INF, prefix_attention
-from carryover_jax.models import cpu_products, tpu_attention
+from carryover_jax.models import cpu_attention, cpu_products, tpu_attention
 from carryover_jax.models.cache import BITS, values
 from carryover_jax.numerics import dot_f32, lm_head_logits
 
@@ -191,6 +191,9 @@ class Prefix:
 #   chunks up to the longest live row (a traced trip count: CPU decode cost follows the live length);
 #   on accelerators one masked read of the whole buffer (a data-dependent loop there costs a
 #   device-to-host handshake per iteration).
+# - "cpu" (the CPU default): einsum, except `LiveMask` segments lowered for CPU, which run the CPU kernel
+#   (`cpu_attention.live_attention`: each row's own slots read once; a query's result the same at any query
+#   count), where it is built and takes the head dim; einsum's masked read where lowered for other platforms.
 # - "xla" / "cudnn": an attention of one dense or `Prefix` segment (the target's cache-free forward:
 #   training features) in one jax.nn.dot_product_attention call (implementation "xla", or "cudnn" for
 #   bf16/fp16 when this process runs on a GPU: jax's cuDNN path needs cuDNN present at trace time);
@@ -207,8 +210,8 @@ class Prefix:
 #   this process runs on a TPU, TPU interpret mode where it runs on a CPU), the rest einsum. Refused on
 #   GPUs. (Which of the two follows the process, not the lowering platform: the interpreter's ordered
 #   callbacks inside a `platform_dependent` branch break the lowering of the other branch on jax 0.10.2.)
-# - "auto": "pallas" where lowered for cuda, "mosaic" (always compiled) for tpu, "einsum" on every other
-#   platform (CPU, ROCm) — the default of `numerics` on accelerators. Never refuses a shape: where the
+# - "auto": "pallas" where lowered for cuda, "mosaic" (always compiled) for tpu, "cpu" on every other
+#   platform (CPU; ROCm reads caches like einsum) — the default of `numerics` on accelerators. Never refuses a shape: where the
 #   Mosaic kernel has no tile that fits VMEM, auto's tpu branch is einsum (every branch is traced on
 #   every platform, so a refusal there would fail a GPU's program too). Where this jax has no Pallas Triton
 #   backend (`numerics.triton_available`), auto's cuda branch is "einsum" too: the masked dense read.
@@ -255,7 +258,7 @@ def attention_core(q: Array, segments, scale: float, backend: str = "einsum") ->
         cuda = "pallas" if numerics.triton_available() else "einsum"
         return jax.lax.platform_dependent(cuda=lambda: _attention(q, segments, scale, cuda),
                                           tpu=lambda: _attention(q, segments, scale, _MOSAIC_COMPILED),
-                                          default=lambda: _attention(q, segments, scale, "einsum"))
+                                          default=lambda: _attention(q, segments, scale, "cpu"))
     return _attention(q, segments, scale, backend)
 
 
@@ -282,7 +285,7 @@ def _attention(q: Array, segments, scale: float, backend: str) -> Array:
             parts.append(tpu_attention.live_part(qg, k, v, mask.limit, mask.lower, scale,
                                                  interpret=False if backend == _MOSAIC_COMPILED else None))
         elif isinstance(mask, LiveMask):
-            parts.append(_live_part(qg, k, v, mask, scale))
+            parts.append(_live_part(qg, k, v, mask, scale, kernel=backend == "cpu"))
         elif isinstance(mask, Prefix) and backend in KERNEL_BACKENDS:
             parts.append(_pallas_part(qg, k, v, mask, scale))
         else:
@@ -361,15 +364,19 @@ def _pallas_live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: floa
             jnp.where(seen, out.reshape(b, hkv, g, t, d), 0.0))
 
 
-def _live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):
-    """A cache segment, einsum. Lowered for CPU: chunks [i*C, (i+1)*C) for min(lower) // C <= i <
+def _live_part(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float, kernel: bool = False):
+    """A cache segment. Lowered for CPU: with `kernel` (backend "cpu"), the CPU kernel where it is built and
+    takes this head dim (`cpu_attention`); else chunks [i*C, (i+1)*C) for min(lower) // C <= i <
     ceil(max(limit) / C), merged online like the segments are (a loop with a traced trip count, so a
     step costs the live part of the cache; the last chunk of a buffer that C does not divide is read at
     S - C, in bounds, with the slots already seen masked out). Lowered for an accelerator: one masked
     read of the whole buffer, no data-dependent loop (each iteration would cost a device-to-host
     handshake on a GPU; the fused kernel of the pallas backend is what reads only the live part there)."""
-    return jax.lax.platform_dependent(cpu=lambda: _live_loop(qg, k, v, mask, scale),
-                                      default=lambda: _live_dense(qg, values(k), values(v), mask, scale))
+    if kernel and cpu_attention.applies(qg.shape[-1], k.dtype) and cpu_attention.available():
+        cpu = lambda: cpu_attention.live_attention(qg, k, v, mask.limit, mask.lower, scale)  # noqa: E731
+    else:
+        cpu = lambda: _live_loop(qg, k, v, mask, scale)  # noqa: E731
+    return jax.lax.platform_dependent(cpu=cpu, default=lambda: _live_dense(qg, values(k), values(v), mask, scale))
 
 
 def _live_dense(qg: Array, k: Array, v: Array, mask: LiveMask, scale: float):

@@ -1,0 +1,230 @@
+// Attention of a decode step over one cache segment on the CPU: for every batch row and K/V head, the R = G x T
+// queries of its query heads against the slots lower[b, t] <= s < limit[b, t] of a head-major cache
+// k, v [B, Hkv, S, D] (float32, or bf16 widened as it is read), float32 scores, softmax statistics and
+// output. Returns what `layers._dense_part` returns for the segment: the max score m, the sum l of
+// exp(score - m) and the unnormalised output o = sum exp(score - m) v, so segments merge as before; a query
+// that sees no slot gets m = -1e30, l = 0, o = 0.
+//
+// Why: XLA CPU reads a cache segment in fixed 128-slot chunks up to the batch's longest row (`_live_loop`),
+// through small matrix products that stream the K/V at ~15 GB/s, ~1/3 of a batch-64 SmolLM2 step. Here each
+// (row, K/V head) reads only its own slots, K once and V once, in memory order, on XLA's intra-op threads.
+//
+// Every query's result depends on its own q, its slots and D only (its scores in slot order, its sums in slot
+// order with one lane tree), never on R, T or the other rows: a token's attention in a verification of P + 1
+// tokens equals, bit for bit, its attention in a one-token AR step over the same cache.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu_common.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+using namespace carryover;
+
+constexpr float kNegInf = -1e30f;  // layers.NEG_INF
+constexpr int kMaxVectors = 32;    // D <= 512 (16 lanes each)
+
+// exp(x) for x <= 0 (a score minus its row's max), Cephes' single-precision polynomial (~1 ulp): x = n ln2 + r,
+// |r| <= ln2 / 2, 2^n from the exponent bits; 0 below -87 (where exp would leave the normal floats).
+inline v16 exp_nonpositive(v16 x) {
+  typedef int32_t i16 __attribute__((vector_size(64)));
+  const v16 lo = x < -87.0f ? v16{} - 87.0f : x;  // n >= -126
+  const v16 t = lo * 1.44269504088896341f - 0.5f;  // t <= -0.5: truncation rounds t + 0.5 to nearest
+  const i16 n = __builtin_convertvector(t, i16);
+  const v16 nf = __builtin_convertvector(n, v16);
+  v16 r = lo - nf * 0.693359375f;
+  r = r - nf * -2.12194440e-4f;
+  v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const i16 bits = (n + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  const v16 e = p * scale;
+  return x < -87.0f ? v16{} : e;
+}
+
+// 16 vectors -> the 16 sums of their lanes in one vector, each by `sum`'s tree (lanes j + j+8, then j + j+4,
+// then (0 + 2) + (1 + 3)), so a score is the same whichever path or block position computed it.
+inline v16 sums16(const v16* a) {
+#if defined(__clang__) || __GNUC__ >= 12
+  v16 h[8], q[4], e[2];
+  for (int i = 0; i < 8; ++i)  // lanes 0-7: a[2i] (j + j+8), lanes 8-15: a[2i+1]
+    h[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int i = 0; i < 4; ++i)  // 4 lanes per vector: j + j+4
+    q[i] = __builtin_shufflevector(h[2 * i], h[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(h[2 * i], h[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  for (int i = 0; i < 2; ++i)  // 2 lanes per vector: 0 + 2, 1 + 3
+    e[i] = __builtin_shufflevector(q[2 * i], q[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           __builtin_shufflevector(q[2 * i], q[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  return __builtin_shufflevector(e[0], e[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(e[0], e[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#else
+  v16 out;
+  for (int i = 0; i < 16; ++i) out[i] = sum(a[i]);
+  return out;
+#endif
+}
+
+// One (batch row, K/V head): q [R, D] float32, k/v [S, D], slot ranges [lo[r], hi[r]) -> m [R], l [R], o [R, D].
+// NV = D / 16 (0: read at run time from `nv`). Slots go in blocks of 16 (a block of K or V stays in L1 while
+// every query that sees it reads it); `scores` holds R x (16-padded width) floats.
+template <typename KV, int NV>
+void attend(const float* q, const KV* k, const KV* v, const int64_t* lo, const int64_t* hi, int64_t R, int64_t nv,
+            float scale, float* m, float* l, float* o, std::vector<float>& scores) {
+  const int64_t n_v = NV > 0 ? NV : nv, D = 16 * n_v;
+  int64_t begin = INT64_MAX, end = 0;
+  for (int64_t r = 0; r < R; ++r)
+    if (lo[r] < hi[r]) {
+      begin = lo[r] < begin ? lo[r] : begin;
+      end = hi[r] > end ? hi[r] : end;
+    }
+  std::memset(o, 0, sizeof(float) * R * D);
+  for (int64_t r = 0; r < R; ++r) m[r] = kNegInf, l[r] = 0.0f;
+  if (begin >= end) return;
+  const int64_t width = (end - begin + 15) / 16 * 16;
+  if (static_cast<int64_t>(scores.size()) < R * width) scores.resize(R * width);
+  float* sc = scores.data();
+  // scores of 16 slots at a time for every query that sees one of them (slots past `end`: zero keys, unused)
+  for (int64_t s0 = begin; s0 < end; s0 += 16) {
+    v16 kb[16][NV > 0 ? NV : kMaxVectors];
+    for (int i = 0; i < 16; ++i)
+      for (int64_t j = 0; j < n_v; ++j) kb[i][j] = s0 + i < end ? load(k + (s0 + i) * D + 16 * j) : v16{};
+    for (int64_t r = 0; r < R; ++r) {
+      if (s0 >= hi[r] || s0 + 16 <= lo[r]) continue;
+      const float* qr = q + r * D;
+      v16 acc[16];
+      for (int i = 0; i < 16; ++i) {
+        acc[i] = load(qr) * kb[i][0];
+        for (int64_t j = 1; j < n_v; ++j) acc[i] += load(qr + 16 * j) * kb[i][j];
+      }
+      store(sc + r * width + (s0 - begin), sums16(acc) * scale);
+    }
+  }
+  // per query: its max, then exp(score - max) in place and their sum (16 slots at a time from its first slot)
+  for (int64_t r = 0; r < R; ++r) {
+    if (lo[r] >= hi[r]) continue;
+    float* row = sc + r * width + (lo[r] - begin);
+    const int64_t n = hi[r] - lo[r];
+    float mx = row[0];
+    for (int64_t i = 1; i < n; ++i) mx = row[i] > mx ? row[i] : mx;
+    v16 total{};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const v16 p = exp_nonpositive(load(row + i) - mx);
+      store(row + i, p);
+      total += p;
+    }
+    if (i < n) {
+      float tail[16] = {};
+      std::memcpy(tail, row + i, sizeof(float) * (n - i));
+      v16 p = exp_nonpositive(load(tail) - mx);
+      for (int64_t j = n - i; j < 16; ++j) p[j] = 0.0f;
+      store(tail, p);
+      std::memcpy(row + i, tail, sizeof(float) * (n - i));
+      total += p;
+    }
+    m[r] = mx;
+    l[r] = sum(total);
+  }
+  // outputs: each query's sum over its slots in slot order, 16 value rows at a time
+  for (int64_t s0 = begin; s0 < end; s0 += 16) {
+    v16 vb[16][NV > 0 ? NV : kMaxVectors];
+    for (int i = 0; i < 16; ++i)
+      for (int64_t j = 0; j < n_v; ++j) vb[i][j] = s0 + i < end ? load(v + (s0 + i) * D + 16 * j) : v16{};
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t a = lo[r] > s0 ? lo[r] : s0, z = hi[r] < s0 + 16 ? hi[r] : s0 + 16;
+      if (a >= z) continue;
+      const float* p = sc + r * width - begin;
+      float* out = o + r * D;
+      v16 acc[NV > 0 ? NV : kMaxVectors];
+      for (int64_t j = 0; j < n_v; ++j) acc[j] = load(out + 16 * j);
+      for (int64_t s = a; s < z; ++s)
+        for (int64_t j = 0; j < n_v; ++j) acc[j] += p[s] * vb[s - s0][j];
+      for (int64_t j = 0; j < n_v; ++j) store(out + 16 * j, acc[j]);
+    }
+  }
+}
+
+template <typename KV>
+using AttendFn = void (*)(const float*, const KV*, const KV*, const int64_t*, const int64_t*, int64_t, int64_t, float,
+                          float*, float*, float*, std::vector<float>&);
+
+template <typename KV>
+AttendFn<KV> attend_fn(int64_t nv) {  // unrolled for the common head dims 16, 32, 64, 128, 256
+  switch (nv) {
+    case 1: return attend<KV, 1>;
+    case 2: return attend<KV, 2>;
+    case 4: return attend<KV, 4>;
+    case 8: return attend<KV, 8>;
+    case 16: return attend<KV, 16>;
+    default: return attend<KV, 0>;
+  }
+}
+
+// q [B, Hkv, R, D] float32 (row r = g * T + t: query head g of the group at query t), k/v [B, Hkv, S, D],
+// limit/lower [B, T] int32 -> m, l [B, Hkv, R], o [B, Hkv, R, D] float32.
+template <ffi::DataType T>
+ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<T> k, ffi::Buffer<T> v,
+                     ffi::Buffer<ffi::S32> limit, ffi::Buffer<ffi::S32> lower, float scale,
+                     ffi::ResultBuffer<ffi::F32> m, ffi::ResultBuffer<ffi::F32> l, ffi::ResultBuffer<ffi::F32> o) {
+  using KV = ffi::NativeType<T>;
+  const auto qd = q.dimensions(), kd = k.dimensions(), ld = limit.dimensions();
+  const auto vd = v.dimensions(), wd = lower.dimensions();
+  bool alike = vd.size() == 4 && wd.size() == 2;
+  for (size_t i = 0; alike && i < 4; ++i) alike = kd.size() == 4 && vd[i] == kd[i];
+  for (size_t i = 0; alike && i < 2; ++i) alike = ld.size() == 2 && wd[i] == ld[i];
+  if (qd.size() != 4 || !alike)
+    return ffi::Error::InvalidArgument("cpu_attention: q, k, v must be 4-D and limit, lower 2-D alike");
+  const int64_t B = qd[0], H = qd[1], R = qd[2], D = qd[3], S = kd[2], Tq = ld[1];
+  if (kd[0] != B || kd[1] != H || kd[3] != D || ld[0] != B || Tq < 1 || R % Tq != 0)
+    return ffi::Error::InvalidArgument("cpu_attention: shapes do not match q[B, Hkv, G*T, D], k[B, Hkv, S, D]");
+  if (D % 16 != 0 || D / 16 > kMaxVectors)
+    return ffi::Error::InvalidArgument("cpu_attention: the head dim must be a multiple of 16, at most 512");
+  const float* qs = q.typed_data();
+  const KV *ks = k.typed_data(), *vs = v.typed_data();
+  const int32_t *lim = limit.typed_data(), *low = lower.typed_data();
+  float *ms = m->typed_data(), *ls = l->typed_data(), *os = o->typed_data();
+  const int64_t threads = pool.num_threads() < 1 ? 1 : pool.num_threads();
+  const AttendFn<KV> fn = attend_fn<KV>(D / 16);
+  parallel_for(pool, B * H, threads, [=](int64_t task) {
+    thread_local std::vector<float> scores;
+    const int64_t b = task / H;
+    std::vector<int64_t> lo(R), hi(R);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t t = r % Tq, a = low[b * Tq + t], z = lim[b * Tq + t];
+      lo[r] = a < 0 ? 0 : a;
+      hi[r] = z > S ? S : z;
+    }
+    fn(qs + task * R * D, ks + task * S * D, vs + task * S * D, lo.data(), hi.data(), R, D / 16, scale,
+       ms + task * R, ls + task * R, os + task * R * D, scores);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+#define CARRYOVER_BIND(T)               \
+  ffi::Ffi::Bind()                      \
+      .Ctx<ffi::ThreadPool>()           \
+      .Arg<ffi::Buffer<ffi::F32>>()     \
+      .Arg<ffi::Buffer<ffi::T>>()       \
+      .Arg<ffi::Buffer<ffi::T>>()       \
+      .Arg<ffi::Buffer<ffi::S32>>()     \
+      .Arg<ffi::Buffer<ffi::S32>>()     \
+      .Attr<float>("scale")             \
+      .Ret<ffi::Buffer<ffi::F32>>()     \
+      .Ret<ffi::Buffer<ffi::F32>>()     \
+      .Ret<ffi::Buffer<ffi::F32>>()
+// a float32 or bf16 cache, or a bf16 cache kept as its uint16 bits (`models/cache.py`: a bitcast would copy it)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttention, Attention<ffi::F32>, CARRYOVER_BIND(F32));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionBf16, Attention<ffi::BF16>, CARRYOVER_BIND(BF16));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionBits, Attention<ffi::U16>, CARRYOVER_BIND(U16));

@@ -1,0 +1,80 @@
+// What the CPU kernels (cpu_products.cc, cpu_attention.cc) share: 16 float lanes (one AVX-512 register, or
+// two AVX2 ones, by GCC/Clang vector extensions), bf16 widened exactly as it is read, one fixed lane-sum tree
+// (a sum's order never depends on the caller), and a parallel loop over XLA's intra-op thread pool.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+namespace carryover {
+
+typedef float v16 __attribute__((vector_size(64)));  // one AVX-512 register, or two AVX2 ones
+
+inline v16 load(const float* p) { v16 v; std::memcpy(&v, p, sizeof v); return v; }
+inline v16 load(const uint16_t* p) {  // 16 bf16 (their bits) widened exactly: the bits become a float's top half
+  typedef uint16_t u16x16 __attribute__((vector_size(32)));
+  typedef uint32_t u32x16 __attribute__((vector_size(64)));
+  u16x16 h;
+  std::memcpy(&h, p, sizeof h);
+  const u32x16 wide = __builtin_convertvector(h, u32x16) << 16;
+  v16 v;
+  std::memcpy(&v, &wide, sizeof v);
+  return v;
+}
+inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+inline float value(float v) { return v; }
+inline float value(uint16_t bits) {
+  const uint32_t wide = uint32_t(bits) << 16;
+  float v;
+  std::memcpy(&v, &wide, sizeof v);
+  return v;
+}
+
+inline float sum(v16 v) {  // a fixed tree: 16 -> 8 -> 4 lanes, then (0 + 2) + (1 + 3)
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef float v4 __attribute__((vector_size(16)));
+  v8 a, b;
+  std::memcpy(&a, &v, 32);
+  std::memcpy(&b, reinterpret_cast<const char*>(&v) + 32, 32);
+  a += b;
+  v4 c, d;
+  std::memcpy(&c, &a, 16);
+  std::memcpy(&d, reinterpret_cast<const char*>(&a) + 16, 16);
+  c += d;
+  return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+
+inline void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// fn(i) for i in [0, n) on the calling thread and up to `workers` - 1 tasks of `pool` (an ffi::ThreadPool).
+// Items are claimed from a counter by the caller and the tasks alike, so the loop finishes even when every
+// other pool thread is busy; a task that starts after the loop ended finds nothing left and returns (it
+// never calls fn, whose captures may be gone).
+template <typename Pool, typename Fn>
+void parallel_for(Pool& pool, int64_t n, int64_t workers, Fn fn) {
+  struct Counters {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  auto counters = std::make_shared<Counters>();
+  auto run = [counters, n, fn] {
+    for (int64_t i; (i = counters->next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+      fn(i);
+      counters->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t t = 1; t < workers && t < n; ++t) pool.Schedule([run] { run(); });
+  run();
+  while (counters->done.load(std::memory_order_acquire) < n) relax();
+}
+
+}  // namespace carryover

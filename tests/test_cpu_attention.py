@@ -1,0 +1,174 @@
+"""The CPU's decode attention kernel (`models/cpu_attention.cc`) against a float64 loop over each query's slots,
+every query bit for bit against its own one-query call (what makes a verified token's attention that of an AR
+step), attention backend "cpu" against "einsum" with the segments merged; where it is lowered (cache segments
+lowered for CPU, head dims it takes); and a machine that cannot build it (one warning line, einsum)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from carryover_jax import numerics as N
+from carryover_jax.models import cpu_attention as ca
+from carryover_jax.models import cpu_kernels
+from carryover_jax.models.cache import BITS
+from carryover_jax.models.layers import NEG_INF, Blockwise, LiveMask, attention_core
+from carryover_jax.numerics import Numerics
+
+pytestmark = pytest.mark.skipif(not ca.available(), reason="no C++ compiler for the CPU kernel")
+
+
+def _reference(q, k, v, limit, lower, scale):
+    """float64, one query at a time over exactly its slots: (max, sum, unnormalised out)."""
+    q, k, v = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, v))
+    b, hkv, g, t, d = q.shape
+    m, s, o = np.full((b, hkv, g, t, 1), NEG_INF), np.zeros((b, hkv, g, t, 1)), np.zeros((b, hkv, g, t, d))
+    for i, h, j, u in np.ndindex(b, hkv, g, t):
+        lo, hi = max(int(lower[i, u]), 0), min(int(limit[i, u]), k.shape[2])
+        if lo >= hi:
+            continue
+        sc = k[i, h, lo:hi] @ q[i, h, j, u] * scale
+        m[i, h, j, u] = sc.max()
+        p = np.exp(sc - sc.max())
+        s[i, h, j, u], o[i, h, j, u] = p.sum(), p @ v[i, h, lo:hi]
+    return m, s, o
+
+
+def _case(rng, b, hkv, g, t, s, d, dtype, window=None):
+    qg = jnp.asarray(rng.normal(size=(b, hkv, g, t, d)), jnp.float32)
+    k, v = (jnp.asarray(2 * rng.normal(size=(b, hkv, s, d)), jnp.float32) for _ in range(2))
+    if dtype == "bits":
+        k, v = (jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), BITS) for x in (k, v))
+    elif dtype == "bfloat16":
+        k, v = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
+    start = rng.integers(0, s, size=(b, 1))
+    start[0] = 0  # a row whose first query sees one slot
+    limit = np.asarray(start + 1 + np.arange(t)[None], np.int32)
+    if b > 1:
+        limit[-1] = s + 3  # past the buffer: clipped to it
+    if b > 2:
+        limit[1] = 0  # a row that sees nothing
+    lower = None if window is None else np.maximum(limit - window, 0).astype(np.int32)
+    return qg, k, v, limit, lower
+
+
+def _call(qg, k, v, limit, lower, scale=0.3):
+    f = jax.jit(lambda *a: ca.live_attention(*a, scale))
+    return tuple(np.asarray(x) for x in f(qg, k, v, jnp.asarray(limit), None if lower is None else jnp.asarray(lower)))
+
+
+def _values(x):
+    return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == BITS else x
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "bits"])
+@pytest.mark.parametrize("d", [16, 48, 64, 128, 256])
+def test_kernel_equals_float64_and_every_query_its_own_call(d, dtype):
+    """Head dims with an unrolled path (16, 64, 128, 256) and the run-time one (48); slots in 16-slot blocks with
+    tails; a row past the buffer, a row that sees nothing, sliding windows. The softmax statistics and the
+    normalised output against float64 (bf16 caches: the bf16 values, widened exactly)."""
+    rng = np.random.default_rng(d)
+    for shape, window in (((3, 2, 3, 1, 37), None), ((3, 1, 2, 5, 70), None), ((2, 2, 4, 8, 50), 6)):
+        qg, k, v, limit, lower = _case(rng, *shape, d, dtype, window)
+        m, s, o = _call(qg, k, v, limit, lower)
+        want_m, want_s, want_o = _reference(qg, _values(k), _values(v), limit,
+                                            np.zeros_like(limit) if lower is None else lower, 0.3)
+        seen = want_s > 0
+        assert np.array_equal(s > 0, seen)
+        np.testing.assert_array_equal(m[~seen], np.float32(NEG_INF))
+        np.testing.assert_array_equal(o[~seen[..., 0]], 0.0)
+        np.testing.assert_allclose(m, want_m, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(m + np.log(np.maximum(s, 1e-30)), want_m + np.log(np.maximum(want_s, 1e-30)),
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(o / np.maximum(s, 1e-30), want_o / np.maximum(want_s, 1e-30), rtol=2e-5, atol=2e-5)
+        for u in range(qg.shape[3]):  # bitwise: the query count never changes a query's attention
+            one = _call(qg[:, :, :, u:u + 1], k, v, limit[:, u:u + 1], None if lower is None else lower[:, u:u + 1])
+            for a, b in zip(one, (m, s, o)):
+                np.testing.assert_array_equal(a[:, :, :, 0], b[:, :, :, u], err_msg=f"{shape} query {u}")
+
+
+def test_backend_cpu_equals_einsum_with_segments_merged_and_vmap():
+    """A cache segment (the kernel) merged with a block-diagonal segment (einsum) as the drafter attends
+    [cache ; carried ; block]; rows that see nothing return 0; vmap calls the kernel per example."""
+    rng = np.random.default_rng(3)
+    b, t, h, hkv, d, s = 3, 4, 6, 2, 32, 45
+    q = jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(b, hkv, s, d)), jnp.float32) for _ in range(2))
+    kb, vb = (jnp.asarray(rng.normal(size=(b, hkv, t, d)), jnp.float32) for _ in range(2))
+    limit = jnp.asarray([[10] * t, [0] * t, [45] * t], jnp.int32)
+    valid = jnp.asarray(rng.random((b, t)) < 0.5).at[1].set(False)  # row 1 sees no key in either segment
+
+    def run(backend, q):
+        segs = [(k, v, LiveMask(limit=limit)), (kb, vb, Blockwise(1, key_valid=valid))]
+        return attention_core(q, segs, 0.2, backend)
+
+    got, want = (np.asarray(jax.jit(run, static_argnums=0)(be, q)) for be in ("cpu", "einsum"))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[1], 0.0)
+    qs = jnp.stack([q, -q])
+    np.testing.assert_allclose(jax.vmap(lambda x: run("cpu", x))(qs), jax.vmap(lambda x: run("einsum", x))(qs),
+                               rtol=1e-5, atol=1e-6)
+
+
+def _program(backend, d, platform="cpu", dtype=jnp.float32) -> str:
+    q = jnp.zeros((1, 2, 4, d), dtype)
+    k = jnp.zeros((1, 2, 64, d), dtype)
+    limit = jnp.full((1, 2), 5, jnp.int32)
+    f = jax.jit(lambda q, k, lim: attention_core(q, [(k, k, LiveMask(limit=lim))], 0.1, backend))
+    return f.trace(q, k, limit).lower(lowering_platforms=(platform,)).as_text()
+
+
+def test_the_kernel_is_lowered_only_where_it_applies():
+    assert Numerics.for_platform("cpu").attention_backend == "cpu"
+    assert Numerics.for_platform("cuda").attention_backend == "auto"
+    assert _program("cpu", 64).count(ca.TARGETS["float32"]) == 1
+    assert _program("auto", 64).count(ca.TARGETS["float32"]) == 1  # auto's CPU branch
+    assert _program("cpu", 64, dtype=jnp.bfloat16).count(ca.TARGETS["bfloat16"]) == 1
+    for backend, d, platform in (("einsum", 64, "cpu"), ("cpu", 24, "cpu"),  # a head dim it does not take
+                                 ("cpu", 64, "cuda"), ("auto", 64, "cuda")):
+        text = _program(backend, d, platform)
+        assert not any(t in text for t in ca.TARGETS.values()), (backend, d, platform)
+
+
+def test_ar_steps_and_verification_agree_bit_for_bit(tiny_llama):
+    """The tiny model's logits for a block of 4 tokens equal, row by row and bit for bit, those of 4 one-token AR
+    steps over the same cache (the kernel's and the products kernel's per-row orders together)."""
+    from carryover_jax import load_target
+    from carryover_jax.decode import autoregressive as ar
+    from carryover_jax.models.target import TargetLM
+
+    target = load_target(tiny_llama.path, tokenizer=False)
+    assert target.cfg.numerics.attention_backend == "cpu"
+    prompt = jnp.asarray([[5, 17, 33, 2, 61, 9, 4, 70]], jnp.int32)
+    cache, logits = ar.prefill(target.cfg, target.params, prompt, jnp.asarray([8]), max_len=64)
+    block = jnp.asarray([[11, 12, 13, 14]], jnp.int32)
+    rows, c = [], cache
+    for i in range(4):
+        lg, c = ar.step(target.cfg, target.params, jax.tree.map(jnp.copy, c), block[:, i])
+        rows.append(np.asarray(lg))
+    many = jax.jit(lambda p, c, x: TargetLM(target.cfg).apply({"params": p}, x, cache=c)[0])(
+        target.params, cache, block)
+    np.testing.assert_array_equal(np.asarray(many)[0], np.concatenate(rows))
+
+
+def test_no_compiler_means_one_warning_and_einsum(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CARRYOVER_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(N, "_WARNED", set())
+    ca.available.cache_clear()
+    try:
+        assert not ca.available() and not ca.available()
+        err = capsys.readouterr().err
+        assert err.count("warning: numerics: attention 'cpu' reads caches with einsum") == 1, err
+        assert "no-such-compiler" in err and len(err.strip().splitlines()) == 1
+        assert not any(t in _program("cpu", 64) for t in ca.TARGETS.values())
+        with pytest.raises(RuntimeError, match="unavailable"):
+            ca.live_attention(jnp.zeros((1, 1, 1, 1, 16)), jnp.zeros((1, 1, 4, 16)), jnp.zeros((1, 1, 4, 16)),
+                              jnp.ones((1, 1), jnp.int32), None, 1.0)
+        monkeypatch.setenv("CARRYOVER_CPU_KERNELS", "0")
+        ca.available.cache_clear()
+        assert not ca.available() and capsys.readouterr().err == ""  # turned off: no warning
+    finally:
+        monkeypatch.undo()
+        ca.available.cache_clear()
+    assert ca.available() and cpu_kernels.build().exists()
