@@ -26,7 +26,7 @@ def test_non_editable_install_ships_configs_and_export_inside_the_package(tmp_pa
     top = {p.name for p in site.iterdir()} - {"bin"}
     assert top and all(n == "carryover_jax" or n.startswith("carryover_jax-") for n in top), top
     for d, dest in SHIPPED.items():  # every source module is in the wheel, at its package path
-        for f in [*(REPO / d).rglob("*.py"), *(REPO / d).rglob("*.cc")]:
+        for f in [*(REPO / d).rglob("*.py"), *(REPO / d).rglob("*.cc"), *(REPO / d).rglob("*.h")]:
             assert (site / dest / f.relative_to(REPO / d)).is_file(), f"{f.relative_to(REPO)} not installed"
 
     # the venv's editable finder would resolve a missing module from the repo: check where each came from
