@@ -211,10 +211,11 @@ class Prefix:
 #   GPUs. (Which of the two follows the process, not the lowering platform: the interpreter's ordered
 #   callbacks inside a `platform_dependent` branch break the lowering of the other branch on jax 0.10.2.)
 # - "auto": "pallas" where lowered for cuda, "mosaic" (always compiled) for tpu, "cpu" on every other
-#   platform (CPU; ROCm reads caches like einsum) — the default of `numerics` on accelerators. Never refuses a shape: where the
-#   Mosaic kernel has no tile that fits VMEM, auto's tpu branch is einsum (every branch is traced on
-#   every platform, so a refusal there would fail a GPU's program too). Where this jax has no Pallas Triton
-#   backend (`numerics.triton_available`), auto's cuda branch is "einsum" too: the masked dense read.
+#   platform (CPU; ROCm reads caches like einsum) — the default of `numerics` on accelerators. Never
+#   refuses a shape: where the Mosaic kernel has no tile that fits VMEM, auto's tpu branch is einsum
+#   (every branch is traced on every platform, so a refusal there would fail a GPU's program too). Where
+#   this jax has no Pallas Triton backend (`numerics.triton_available`), auto's cuda branch is "einsum"
+#   too: the masked dense read.
 # `Blockwise` segments (block-diagonal, [T, S/N] scores: small) are einsum in every backend.
 # KERNEL_BACKENDS (numerics): the ones that run `kernels.prefix_attention`.
 _MOSAIC_COMPILED = "mosaic (compiled)"  # auto's TPU branch: never the interpreter

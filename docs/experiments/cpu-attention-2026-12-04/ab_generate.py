@@ -2,8 +2,9 @@
 the CPU attention kernel (attention backend "einsum" vs "cpu"; everything else the CPU default), compiled side
 by side (jit caches cleared between) and timed in alternated pairs in one process.
 
-usage: python ab_generate.py REPS BxPROMPTxMAX_LEN[,...] [float32|bfloat16]"""
-import dataclasses, sys, time, numpy as np, jax, jax.numpy as jnp
+usage: python ab_generate.py REPS BxPROMPTxMAX_LEN[,...] [float32|bfloat16]
+AA=1 compiles "cpu" for both arms (an A/A: the spread that timing alone gives)."""
+import dataclasses, os, sys, time, numpy as np, jax, jax.numpy as jnp
 from carryover_jax.loading import load_target
 from carryover_jax.decode import autoregressive as ar
 from carryover_jax.numerics import Numerics
@@ -12,8 +13,9 @@ NEW, REPS = 64, int(sys.argv[1])
 dtype = sys.argv[3] if len(sys.argv) > 3 else "float32"
 target = load_target("smollm2", numerics=Numerics.for_platform("cpu", dtype=dtype))
 params = target.params
-cfgs = {be: dataclasses.replace(target.cfg, numerics=target.cfg.numerics.replace(attention_backend=be))
-        for be in ("einsum", "cpu")}
+ARMS = {"einsum": "cpu" if os.environ.get("AA") == "1" else "einsum", "cpu": "cpu"}
+cfgs = {arm: dataclasses.replace(target.cfg, numerics=target.cfg.numerics.replace(attention_backend=be))
+        for arm, be in ARMS.items()}
 print(target.cfg.numerics.describe())
 for spec in sys.argv[2].split(","):
     b, plen, max_len = map(int, spec.split("x"))
