@@ -130,15 +130,17 @@ def test_the_kernel_is_lowered_only_where_it_applies():
         assert not any(t in text for t in ca.TARGETS.values()), (backend, d, platform)
 
 
-def test_ar_steps_and_verification_agree_bit_for_bit(tiny_llama):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_ar_steps_and_verification_agree_bit_for_bit(tiny_llama, dtype):
     """The tiny model's logits for a block of 4 tokens equal, row by row and bit for bit, those of 4 one-token AR
-    steps over the same cache (the kernel's and the products kernel's per-row orders together)."""
+    steps over the same cache (the kernel's and the products kernel's per-row orders together), in float32 and in
+    bf16 (params, activations, caches as bits): what makes greedy speculative decoding commit AR's tokens."""
     from carryover_jax import load_target
     from carryover_jax.decode import autoregressive as ar
     from carryover_jax.models.target import TargetLM
 
-    target = load_target(tiny_llama.path, tokenizer=False)
-    assert target.cfg.numerics.attention_backend == "cpu"
+    target = load_target(tiny_llama.path, tokenizer=False, numerics=Numerics(dtype=dtype))
+    assert target.cfg.numerics.attention_backend == "cpu" and target.cfg.numerics.cache == jnp.dtype(dtype)
     prompt = jnp.asarray([[5, 17, 33, 2, 61, 9, 4, 70]], jnp.int32)
     cache, logits = ar.prefill(target.cfg, target.params, prompt, jnp.asarray([8]), max_len=64)
     block = jnp.asarray([[11, 12, 13, 14]], jnp.int32)
