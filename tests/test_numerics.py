@@ -29,7 +29,7 @@ def test_cuda_numerics_resolve_from_a_cpu_process():
     assert Numerics.for_platform("gpu") == cuda and Numerics.for_platform("tpu").dtype == "bfloat16"
     cpu = Numerics.for_platform()  # this process: CPU
     assert cpu == REFERENCE == Numerics.for_platform("cpu")
-    assert (cpu.param_dtype, cpu.dtype, cpu.attention_backend, cpu.lm_head) == ("float32", "float32", "einsum",
+    assert (cpu.param_dtype, cpu.dtype, cpu.attention_backend, cpu.lm_head) == ("float32", "float32", "cpu",
                                                                                  "vocab_major")
     # an explicit compute dtype carries the target's params and caches (on CPU a bf16 cache only, stored as
     # bits unless cache_bits=False; test_bf16_cpu); the drafter's params stay float32
@@ -66,7 +66,7 @@ def test_a_cuda_program_is_built_and_lowered_from_the_cpu():
 
 def test_model_configs_hold_numerics_and_serializers_leave_them_out():
     cfg = TargetConfig(**TINY)
-    assert cfg.numerics == REFERENCE and cfg.dtype == "float32" and cfg.attention_backend == "einsum"
+    assert cfg.numerics == REFERENCE and cfg.dtype == "float32" and cfg.attention_backend == "cpu"
     # the older call sites: replace(dtype=...) moves compute and cache, param_dtype/attention_backend their own
     bf = cfg.replace(dtype="bfloat16", attention_backend="pallas")
     assert (bf.dtype, bf.cache_dtype, bf.param_dtype, bf.attention_backend) == ("bfloat16", "bfloat16", "float32",

@@ -223,14 +223,14 @@ def test_rows_past_one_block_are_split_and_padded():
 
 def test_auto_falls_back_to_einsum_where_no_tile_fits(monkeypatch):
     """Where the Mosaic kernel has no tile for a shape, "auto" (whose TPU branch is traced on every
-    platform, a GPU's program too) reads the cache by einsum instead of refusing; "mosaic" refuses in one
-    line."""
+    platform, a GPU's program too) reads the cache by einsum instead of refusing (and runs its CPU branch here,
+    the "cpu" backend); "mosaic" refuses in one line."""
     monkeypatch.setattr(ta, "VMEM_BYTES", 1024)
     rng = np.random.default_rng(5)
     limit, _ = _decode_masks("verify", 4, None)
     q, k, v = _qkv_core(rng, 3, 4, 4, 2, 64, S)
     segs = [(k, v, LiveMask(jnp.asarray(limit)))]
-    got, want = (jax.jit(lambda q, segs, be=be: attention_core(q, segs, 0.2, be))(q, segs) for be in ("auto", "einsum"))
+    got, want = (jax.jit(lambda q, segs, be=be: attention_core(q, segs, 0.2, be))(q, segs) for be in ("auto", "cpu"))
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     with pytest.raises(ConfigError, match="^head dim 64 with key block size"):
         jax.jit(lambda q, segs: attention_core(q, segs, 0.2, "mosaic"))(q, segs)

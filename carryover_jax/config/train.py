@@ -193,7 +193,7 @@ class TrainConfig:
     b2: float = 0.999
     eps: float = 1e-8
     # dtypes and kernels of this run (carryover_jax/numerics.py); unset fields = the platform's defaults
-    # (bf16 target, compute and caches + "auto" attention on accelerators, float32 + einsum on CPU; the
+    # (bf16 target, compute and caches + "auto" attention on accelerators, float32 + "cpu" attention on CPU; the
     # trained drafter params stay float32). `prepare` uses `data.numerics` over these.
     numerics: Numerics = Numerics()
     compute_dtype: str | None = None  # shorthand for numerics.dtype (older configs)

@@ -47,7 +47,6 @@ inline float sum(v16 v) {  // a fixed tree: 16 -> 8 -> 4 lanes, then (0 + 2) + (
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-
 inline void relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
