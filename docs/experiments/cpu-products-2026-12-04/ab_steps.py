@@ -3,7 +3,9 @@ dots ("xla") against the few-row kernel (`numerics.decode_products` "stream"), e
 side (`jax.clear_caches()` between the two), calls alternated in one process.
 `python ab_steps.py P REPS`; DRAFTER=folder for a trained drafter (its P), else a random 2-layer DFlash drafter
 with an 8,192-token draft vocabulary and P proposals; DTYPE=bfloat16 for a bf16 target (params, compute, cache);
-AA=1 compiles "stream" for both arms (an A/A: the spread that timing alone gives)."""
+AA=1 compiles "stream" for both arms (an A/A: the spread that timing alone gives). FIELD=attention_backend
+ARMS=einsum,cpu compares another numerics field's two values the same way (the labels "xla" / "stream" then stand
+for the first / second value)."""
 import os, sys, time, jax, jax.numpy as jnp, numpy as np
 from carryover_jax.loading import load_target, load_drafter, init_drafter
 from carryover_jax.decode import autoregressive as ar, speculative as sp
@@ -32,10 +34,12 @@ def reset(s):
 
 
 progs, state, outs = {}, {}, {}
-ARMS = {"xla": "stream" if os.environ.get("AA") == "1" else "xla", "stream": "stream"}
+FIELD = os.environ.get("FIELD", "decode_products")
+A, B = os.environ.get("ARMS", "xla,stream").split(",")
+ARMS = {"xla": B if os.environ.get("AA") == "1" else A, "stream": B}
 for name, products in ARMS.items():
-    tcfg = target.cfg.replace(numerics=target.cfg.numerics.replace(decode_products=products))
-    dcfg = drafter.cfg.with_numerics(drafter.cfg.numerics.replace(decode_products=products))
+    tcfg = target.cfg.replace(numerics=target.cfg.numerics.replace(**{FIELD: products}))
+    dcfg = drafter.cfg.with_numerics(drafter.cfg.numerics.replace(**{FIELD: products}))
     sc = sp.SpecConfig(target=tcfg, drafter=dcfg, attend_carried=dcfg.carryover)
     cache, logits = ar.prefill(tcfg, tp, tokens, lens, max_len=L)
     s = sp.prefill(sc, tp, dp, tokens, lens, jnp.full((batch,), n, jnp.int32), jnp.zeros((batch,)),
@@ -72,7 +76,7 @@ for _ in range(REPS):
         t = time.perf_counter(); jax.block_until_ready(call(*k)); ts[k].append(time.perf_counter() - t)
 med = {k: 1e3 * float(np.median(v)) for k, v in ts.items()}
 print(f"P={P} batch 1, cache {L}, prompt {prompt_len}, {target.cfg.numerics.dtype}, {REPS} alternated calls"
-      f"{' (A/A: both arms stream)' if ARMS['xla'] == 'stream' else ''}; median ms:")
+      f"; {FIELD} xla = {ARMS['xla']}, stream = {ARMS['stream']}; median ms:")
 for k, v in med.items():
     print(f"  {k[0]:7s} {k[1]:6s} {v:7.2f}")
 for name in ("xla", "stream"):
