@@ -144,6 +144,8 @@ def test_ar_steps_and_verification_agree_bit_for_bit(tiny_llama, dtype):
     prompt = jnp.asarray([[5, 17, 33, 2, 61, 9, 4, 70]], jnp.int32)
     cache, logits = ar.prefill(target.cfg, target.params, prompt, jnp.asarray([8]), max_len=64)
     block = jnp.asarray([[11, 12, 13, 14]], jnp.int32)
+    step_text = ar.step.lower(target.cfg, target.params, cache, block[:, 0]).as_text()
+    assert any(t in step_text for t in ca.TARGETS.values())  # the cache is read by the kernel, not einsum's loop
     rows, c = [], cache
     for i in range(4):
         lg, c = ar.step(target.cfg, target.params, jax.tree.map(jnp.copy, c), block[:, i])
