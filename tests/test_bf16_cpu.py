@@ -127,3 +127,25 @@ def test_a_cpu_without_native_bf16_gets_one_warning_line(monkeypatch, capsys):
     assert len(err) == 1 and "no native bf16" in err[0] and "avx512_bf16" in err[0]
     Numerics.for_platform("cuda", dtype="bfloat16")  # another platform's program: no CPU question
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_float32_drafter_reads_a_bf16_head_without_widening_it(tied):
+    """A float32 drafter on a bf16 target reads the frozen head as the target does (bf16 h x bf16 head,
+    float32 sums): no call converts the [V, d] head to float32 (SmolLM2: 13 of a 20 ms draft step). The logits
+    stay within bf16's rounding of h of the float32 head's."""
+    from carryover_jax.decode.drafting import draft_block_logits, new_context_cache
+    from tests.drafter_fixtures import tiny_drafter, tiny_frozen
+
+    cfg, params = tiny_drafter("dflash", "zlab")
+    f32 = tiny_frozen()
+    f32 = {"embed": f32["embed"], "head": None if tied else f32["head"]}
+    bf = {k: None if v is None else v.astype(jnp.bfloat16) for k, v in f32.items()}
+    rounded = {k: None if v is None else v.astype(jnp.float32) for k, v in bf.items()}
+    cache = new_context_cache(cfg, 2, 32)
+    anchor = jnp.asarray([3, 7], jnp.int32)
+    call = jax.jit(lambda fr: draft_block_logits(cfg, params, fr, cache, anchor))
+    assert _f32_copies(call.lower(bf).compile().as_text(), [v for v in bf.values() if v is not None]) == []
+    got, want = np.asarray(call(bf)), np.asarray(call(rounded))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0.02, atol=0.02 * float(np.max(np.abs(want))))

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from carryover_jax.config import DrafterConfig
 from carryover_jax.decode.sampling import probs, sample
 from carryover_jax.models.cache import KVCache, write_chunk
-from carryover_jax.models.drafter import (Drafter, cap_logits, carried_segment_mask, logits_from_hidden,
-                                          proposal_slots, to_target_ids, to_target_probs)
+from carryover_jax.models.drafter import (Drafter, cap_logits, carried_segment_mask, in_head_dtype,
+                                          logits_from_hidden, proposal_slots, to_target_ids, to_target_probs)
 from carryover_jax.models.layers import LiveMask, tied_logits
 from carryover_jax.numerics import argmax
 
@@ -92,7 +92,7 @@ def draft_block_logits(cfg: DrafterConfig, params, frozen, cache: KVCache, ancho
     if cfg.draft_vocab:
         return m.apply({"params": params}, h, frozen, method=Drafter.logits)
     if frozen.get("head") is None:  # tied: the numerics' head forms (CPU: the few-row kernel or vocabulary-major)
-        return cap_logits(tied_logits(h, frozen["embed"], cfg.numerics), frozen)
+        return cap_logits(tied_logits(in_head_dtype(h, frozen), frozen["embed"], cfg.numerics), frozen)
     return logits_from_hidden(h, frozen)
 
 
