@@ -57,5 +57,8 @@ def test_the_breakdown_profiles_every_step_on_the_tiny_target(tiny_llama_worded,
         assert p["idle_ms"] >= -1e-2, name
     for name in ("ar @ 256", "verify @ 256"):  # the CPU kernels ran: the target's products and cache reads
         assert r["profile"][name]["kinds_ms"]["CPU kernels"] > 0
+    row = r["rows"][0]  # the same steps timed inside a compiled loop, as the decode loops run them
+    assert all(row[f"loop_{k}_ms"] > 0 for k in ("ar", "verify", "round"))
     table = decode.format_breakdown(r)
     assert "where each call's time goes" in table and "| verify @ 256 |" in table
+    assert "inside a compiled loop" in table

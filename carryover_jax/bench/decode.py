@@ -8,6 +8,7 @@ The draft/verify split comes from the step-wise engine (host-timed rounds); thro
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode import speculative as sp
 from carryover_jax.decode.generate import generate, speculative_generate
 from carryover_jax.errors import RequestError
+from carryover_jax.numerics import argmax
 
 
 def _timed(fn, *args, **kw):
@@ -193,11 +195,14 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
                 jax.block_until_ready(f(boxes[L]))
                 times[(L, k)].append(time.perf_counter() - t)
     after = compiled()
+    looped = _in_loop_ms(sc, tp, dp, boxes, lens, reset, max(1, repeats // 5), progress)
     rows = []
     for L in max_lens:
         ms = {k: 1e3 * float(np.median(times[(L, k)])) for k in fns}
         rows.append({"max_len": L, **{f"{k}_ms": round(v, 2) for k, v in ms.items()},
-                     **{f"{k}_over_ar": round(ms[k] / ms["ar"], 3) for k in ("draft", "verify", "round")}})
+                     **{f"{k}_over_ar": round(ms[k] / ms["ar"], 3) for k in ("draft", "verify", "round")},
+                     **{f"loop_{k}_ms": round(v, 2) for k, v in looped[L].items()},
+                     **{f"loop_{k}_over_ar": round(looped[L][k] / looped[L]["ar"], 3) for k in ("verify", "round")}})
     first, last = rows[0], rows[-1]
     growth = {k: round(last[f"{k}_ms"] / first[f"{k}_ms"] - 1, 3) for k in fns}
     out = {"benchmark": "decode-breakdown", "target": str(target.path),
@@ -217,6 +222,48 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
     return out
 
 
+LOOP_STEPS = 8  # steps per compiled loop in `_in_loop_ms`
+
+
+def _in_loop_ms(sc, tp, dp, boxes, lens, reset, repeats: int, progress: bool) -> dict[int, dict[str, float]]:
+    """Milliseconds per AR step, verification and round when `LOOP_STEPS` of them run in one compiled
+    `fori_loop`, as inside the decode loops (`generate_loop`), which hand the host nothing per step: a
+    separately dispatched call also pays the host's handling of every parameter array (~2-3 ms for SmolLM2),
+    and XLA moves loop-invariant work (a drafter's weight conversions) out of a loop. Each loop is compiled
+    once per max_len, then timed `repeats` times, interleaved; medians."""
+    def ar_body(params, c):  # greedy: each step's token is the last one's argmax, as in AR decoding
+        cache, tok = c
+        logits, cache = ar.step(sc.target, params, cache.with_lengths(lens + 0), tok)
+        return cache, argmax(logits).astype(jnp.int32)
+
+    def verify_body(args, s):
+        params, dparams, toks, q = args
+        return sp._verify(sc, params, dparams, reset(s), toks, q)
+
+    def round_body(args, s):
+        params, dparams = args
+        return sp._round(sc, params, dparams, reset(s))
+
+    def looped(body):
+        return jax.jit(lambda args, carry: jax.lax.fori_loop(0, LOOP_STEPS, lambda _, c: body(args, c), carry))
+
+    calls = {}
+    for L, bx in boxes.items():
+        calls[L] = {"ar": functools.partial(looped(ar_body), tp, (bx["cache"], bx["tok"])),
+                    "verify": functools.partial(looped(verify_body), (tp, dp, bx["toks"], bx["q"]), bx["s"]),
+                    "round": functools.partial(looped(round_body), (tp, dp), bx["s"])}
+        for f in calls[L].values():  # compile + warm up
+            jax.block_until_ready(f())
+    times = {(L, k): [] for L in calls for k in calls[L]}
+    for _ in tqdm(range(repeats), desc="bench decode --breakdown, in a loop", disable=not progress):
+        for L, fs in calls.items():
+            for k, f in fs.items():
+                t = time.perf_counter()
+                jax.block_until_ready(f())
+                times[(L, k)].append(time.perf_counter() - t)
+    return {L: {k: 1e3 * float(np.median(times[(L, k)])) / LOOP_STEPS for k in calls[L]} for L in calls}
+
+
 def format_breakdown(r: dict[str, Any]) -> str:
     d = r["drafter"]
     lines = [f"batch {r['batch']}, prompt {r['prompt_len']} tokens, drafter {d['kind']}/{d['layout']} "
@@ -228,6 +275,12 @@ def format_breakdown(r: dict[str, Any]) -> str:
     for x in r["rows"]:
         lines.append(f"| {x['max_len']} | {x['ar_ms']} | {x['draft_ms']} | {x['verify_ms']} | {x['round_ms']} | "
                      f"{x['draft_over_ar']} | {x['verify_over_ar']} | {x['round_over_ar']} |")
+    lines += ["", f"inside a compiled loop ({LOOP_STEPS} steps per call, as in the decode loops: no host handling per "
+                  "step; medians):", "| max_len | AR step ms | verify ms | round ms | verify/AR | round/AR |",
+              "|---|---|---|---|---|---|"]
+    for x in r["rows"]:
+        lines.append(f"| {x['max_len']} | {x['loop_ar_ms']} | {x['loop_verify_ms']} | {x['loop_round_ms']} | "
+                     f"{x['loop_verify_over_ar']} | {x['loop_round_over_ar']} |")
     key = next(k for k in r if k.startswith("growth_"))
     lines.append(f"\n{key.replace('_', ' ')}: " + ", ".join(f"{k} {100 * v:+.1f}%" for k, v in r[key].items()))
     if "compiles" in r:
