@@ -27,7 +27,7 @@ MAX_ROWS = {"kn": 8, "nk": 4}
 # names carry a version (a changed kernel gets new ones, so a cached program never calls an older kernel)
 SYMBOLS = {("kn", "float32"): "CarryoverCpuProducts", ("nk", "float32"): "CarryoverCpuProductsRows",
            ("kn", "bfloat16"): "CarryoverCpuProductsBf16", ("nk", "bfloat16"): "CarryoverCpuProductsRowsBf16"}
-TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v1" for key in SYMBOLS}
+TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v2" for key in SYMBOLS}
 
 
 @functools.cache
