@@ -149,3 +149,30 @@ def test_a_float32_drafter_reads_a_bf16_head_without_widening_it(tied):
     got, want = np.asarray(call(bf)), np.asarray(call(rounded))
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=0.02, atol=0.02 * float(np.max(np.abs(want))))
+
+
+def test_bf16_decode_loop_widens_no_embedding_to_float32(tiny_llama):
+    """XLA CPU has no bf16 gather: it widens the table around it, and in a decode loop hoists the widening out
+    of the loop (a float32 copy of the embedding per call). Tables are gathered as their bits instead
+    (`layers.take`), which reads the same numbers, NaN for out-of-range ids as `jnp.take` gives."""
+    t = load_target(tiny_llama.path, tokenizer=False, dtype="bfloat16")
+    cache = new_cache(t.cfg, 2, 64).with_lengths(jnp.full((2,), 5, jnp.int32))
+
+    def loop(params, cache, tok):
+        def body(_, c):
+            logits, cache = ar.step(t.cfg, params, c[0], c[1])
+            return cache, jnp.argmax(logits, -1).astype(jnp.int32)
+        return jax.lax.fori_loop(0, 3, body, (cache, tok))
+
+    hlo = jax.jit(loop).lower(t.params, cache, jnp.zeros((2,), jnp.int32)).compile().as_text()
+    assert _f32_copies(hlo, t.params["embed_tokens"]) == []
+    from carryover_jax.models.layers import take
+
+    table = t.params["embed_tokens"]["embedding"]
+    ids = jnp.asarray([[0, 3, -1], [table.shape[0] - 1, table.shape[0], -table.shape[0] - 1]], jnp.int32)
+    got, want = take(table, ids), jnp.take(table, ids, axis=0)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))  # NaN == NaN here
+    cols = jnp.asarray([1, 2], jnp.int32)
+    np.testing.assert_array_equal(np.asarray(take(table, cols, axis=1), np.float32),
+                                  np.asarray(jnp.take(table, cols, axis=1), np.float32))

@@ -23,7 +23,7 @@ import numpy as np
 
 from carryover_jax.config import DrafterConfig
 from carryover_jax.errors import ConfigError
-from carryover_jax.models.layers import Blockwise, RMSNorm, dense, dtype_of
+from carryover_jax.models.layers import Blockwise, RMSNorm, dense, dtype_of, take
 from carryover_jax.models.target import DecoderLayer
 from carryover_jax.numerics import lm_head_logits
 
@@ -170,7 +170,7 @@ class Drafter(nn.Module):
     def embed(self, frozen, tokens: Array) -> Array:
         """The frozen target embedding of token ids (Gemma: x sqrt(d), the scale in the embedding dtype)."""
         bc = self.cfg.backbone
-        e = jnp.take(frozen["embed"], tokens, axis=0)
+        e = take(frozen["embed"], tokens)
         if bc.embed_scale:
             e = e * jnp.asarray(bc.hidden_size ** 0.5, e.dtype)
         return e.astype(bc.numerics.compute)

@@ -26,7 +26,7 @@ from carryover_jax.config import TargetConfig
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.cache import KVCache, chunk_limit, chunk_mask, write_chunk
 from carryover_jax.models.layers import (
-    MLP, Attention, Blockwise, LiveMask, Prefix, RMSNorm, accumulate_f32, dtype_of, rope_inv_freq, tied_logits,
+    MLP, Attention, Blockwise, LiveMask, Prefix, RMSNorm, accumulate_f32, dtype_of, rope_inv_freq, take, tied_logits,
 )
 
 Array = jax.Array
@@ -182,7 +182,7 @@ class TargetLM(nn.Module):
             )
 
     def embed(self, tokens: Array) -> Array:
-        h = self.embed_tokens(tokens)
+        h = take(self.embed_tokens.embedding, tokens).astype(dtype_of(self.cfg.dtype))
         if self.cfg.embed_scale:  # Gemma: x sqrt(d), the scale rounded to the embedding dtype first
             h = h * jnp.asarray(math.sqrt(self.cfg.hidden_size), dtype_of(self.cfg.param_dtype)).astype(h.dtype)
         return h
@@ -282,8 +282,8 @@ def head_columns(cfg: TargetConfig, params, ids: Array) -> Array:
     """The LM head's weights for the vocabulary ids `ids` only: [K, d] rows of a tied embedding, [d, K]
     columns of an untied head (gathered once, then used by `head_at` on any number of rows)."""
     if cfg.tie_word_embeddings:
-        return jnp.take(params["embed_tokens"]["embedding"], ids, axis=0)
-    return jnp.take(params["lm_head"]["kernel"], ids, axis=1)
+        return take(params["embed_tokens"]["embedding"], ids, axis=0)
+    return take(params["lm_head"]["kernel"], ids, axis=1)
 
 
 def head_at(cfg: TargetConfig, columns: Array, h: Array) -> Array:
