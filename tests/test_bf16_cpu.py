@@ -132,7 +132,7 @@ def test_a_cpu_without_native_bf16_gets_one_warning_line(monkeypatch, capsys):
 @pytest.mark.parametrize("tied", [True, False])
 def test_a_float32_drafter_reads_a_bf16_head_without_widening_it(tied):
     """A float32 drafter on a bf16 target reads the frozen head as the target does (bf16 h x bf16 head,
-    float32 sums): no call converts the [V, d] head to float32 (SmolLM2: 13 of a 20 ms draft step). The logits
+    float32 sums): no call converts the [V, d] head to float32 (SmolLM2's: 28M weights). The logits
     stay within bf16's rounding of h of the float32 head's."""
     from carryover_jax.decode.drafting import draft_block_logits, new_context_cache
     from tests.drafter_fixtures import tiny_drafter, tiny_frozen

@@ -238,11 +238,12 @@ def _in_loop_ms(sc, tp, dp, boxes, lens, reset, repeats: int, progress: bool) ->
 
     def verify_body(args, s):
         params, dparams, toks, q = args
-        return sp._verify(sc, params, dparams, reset(s), toks, q)
+        return sp.verify_step(sc, params, dparams, reset(s), toks, q)
 
     def round_body(args, s):
         params, dparams = args
-        return sp._round(sc, params, dparams, reset(s))
+        toks, q, s = sp.draft_step(sc, params, dparams, reset(s))
+        return sp.verify_step(sc, params, dparams, s, toks, q)
 
     def looped(body):
         return jax.jit(lambda args, carry: jax.lax.fori_loop(0, LOOP_STEPS, lambda _, c: body(args, c), carry))

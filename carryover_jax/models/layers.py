@@ -42,7 +42,8 @@ def take(table: Array, ids: Array, axis: int = 0) -> Array:
     """`jnp.take` of a weight table's rows (or columns); a 16-bit float table is gathered as its bits. XLA CPU has
     no bf16 gather: it widens the table to float32 around the gather, and inside a decode loop it hoists that
     widening out of the loop, so every call copied SmolLM2's whole embedding to float32 (113 MB, ~33 ms) to read
-    one row a step. Out-of-range ids give NaN, as `jnp.take`'s default does."""
+    one row a step. As bits the hoisted copy is half that (XLA CPU copies even a same-width bitcast). Out-of-range
+    ids give NaN, as `jnp.take`'s default does."""
     if jnp.dtype(table.dtype).itemsize != 2 or not jnp.issubdtype(table.dtype, jnp.floating):
         return jnp.take(table, ids, axis=axis)
     bits = jax.lax.bitcast_convert_type(table, jnp.uint16)
