@@ -28,29 +28,6 @@ using namespace carryover;
 constexpr float kNegInf = -1e30f;  // layers.NEG_INF
 constexpr int kMaxVectors = 32;    // D <= 512 (16 lanes each)
 
-// exp(x) for x <= 0 (a score minus its row's max), Cephes' single-precision polynomial (~1 ulp): x = n ln2 + r,
-// |r| <= ln2 / 2, 2^n from the exponent bits; 0 below -87 (where exp would leave the normal floats).
-inline v16 exp_nonpositive(v16 x) {
-  typedef int32_t i16 __attribute__((vector_size(64)));
-  const v16 lo = x < -87.0f ? v16{} - 87.0f : x;  // n >= -126
-  const v16 t = lo * 1.44269504088896341f - 0.5f;  // t <= -0.5: truncation rounds t + 0.5 to nearest
-  const i16 n = __builtin_convertvector(t, i16);
-  const v16 nf = __builtin_convertvector(n, v16);
-  v16 r = lo - nf * 0.693359375f;
-  r = r - nf * -2.12194440e-4f;
-  v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const i16 bits = (n + 127) << 23;
-  v16 scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  const v16 e = p * scale;
-  return x < -87.0f ? v16{} : e;
-}
-
 // 16 vectors -> the 16 sums of their lanes in one vector, each by `sum`'s tree (lanes j + j+8, then j + j+4,
 // then (0 + 2) + (1 + 3)), so a score is the same whichever path or block position computed it.
 inline v16 sums16(const v16* a) {

@@ -1,6 +1,7 @@
-// What the CPU kernels (cpu_products.cc, cpu_attention.cc) share: 16 float lanes (one AVX-512 register, or
-// two AVX2 ones, by GCC/Clang vector extensions), bf16 widened exactly as it is read, one fixed lane-sum tree
-// (a sum's order never depends on the caller), and a parallel loop over XLA's intra-op thread pool.
+// What the CPU kernels (cpu_products.cc, cpu_attention.cc, cpu_logsumexp.cc) share: 16 float lanes (one AVX-512
+// register, or two AVX2 ones, by GCC/Clang vector extensions), bf16 widened exactly as it is read, one fixed
+// lane-sum tree (a sum's order never depends on the caller), exp of non-positive floats, and a parallel loop
+// over XLA's intra-op thread pool.
 #pragma once
 
 #include <atomic>
@@ -45,6 +46,29 @@ inline float sum(v16 v) {  // a fixed tree: 16 -> 8 -> 4 lanes, then (0 + 2) + (
   std::memcpy(&d, reinterpret_cast<const char*>(&a) + 16, 16);
   c += d;
   return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+// exp(x) for x <= 0 (a score minus its row's max), Cephes' single-precision polynomial (~1 ulp): x = n ln2 + r,
+// |r| <= ln2 / 2, 2^n from the exponent bits; 0 below -87 (where exp would leave the normal floats).
+inline v16 exp_nonpositive(v16 x) {
+  typedef int32_t i16 __attribute__((vector_size(64)));
+  const v16 lo = x < -87.0f ? v16{} - 87.0f : x;  // n >= -126
+  const v16 t = lo * 1.44269504088896341f - 0.5f;  // t <= -0.5: truncation rounds t + 0.5 to nearest
+  const i16 n = __builtin_convertvector(t, i16);
+  const v16 nf = __builtin_convertvector(n, v16);
+  v16 r = lo - nf * 0.693359375f;
+  r = r - nf * -2.12194440e-4f;
+  v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const i16 bits = (n + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  const v16 e = p * scale;
+  return x < -87.0f ? v16{} : e;
 }
 
 inline void relax() {

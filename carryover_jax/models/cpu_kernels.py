@@ -1,5 +1,5 @@
-"""The CPU kernels: XLA FFI custom calls in C++ (`cpu_products.cc`, `cpu_attention.cc`, sharing
-`cpu_common.h`), built into one library once per machine with the system's C++ compiler, cached in
+"""The CPU kernels: XLA FFI custom calls in C++ (`cpu_products.cc`, `cpu_attention.cc`, `cpu_logsumexp.cc`,
+sharing `cpu_common.h`), built into one library once per machine with the system's C++ compiler, cached in
 `$CARRYOVER_CACHE/cpu-kernels`, and registered with XLA once per process.
 
 Where the library cannot be built (no C++ compiler) each user falls back to XLA's own ops with one warning
@@ -20,7 +20,7 @@ import jax
 from carryover_jax.numerics import warn_once
 from carryover_jax.paths import cache_dir
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_products.cc", "cpu_attention.cc"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_products.cc", "cpu_attention.cc", "cpu_logsumexp.cc"))
 HEADERS = (Path(__file__).with_name("cpu_common.h"),)
 _REGISTERED: set[str] = set()  # the custom calls this process has registered
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from carryover_jax.config import TargetConfig
 from carryover_jax.errors import ConfigError
+from carryover_jax.models import cpu_logsumexp
 from carryover_jax.models.cache import KVCache, chunk_limit, chunk_mask, write_chunk
 from carryover_jax.models.layers import (
     MLP, Attention, Blockwise, LiveMask, Prefix, RMSNorm, accumulate_f32, dtype_of, rope_inv_freq, take, tied_logits,
@@ -304,14 +305,14 @@ LSE_CHUNK = 1024  # rows of `head_logsumexp`'s [rows, V] float32 logits at once
 
 def head_logsumexp(cfg: TargetConfig, params, h: Array, chunk: int = LSE_CHUNK) -> Array:
     """log Σ_v exp(logit_v) of `TargetLM.head` at each row of h [..., d] -> float32 [...], `chunk` rows at a
-    time (a [rows, V] float32 block at once)."""
+    time (a [rows, V] float32 block at once; on CPU the exp-and-sum by `cpu_logsumexp`'s kernel)."""
     rows = h.reshape(-1, h.shape[-1])
     n = rows.shape[0]
     pad = (-n) % chunk if n > chunk else 0
     blocks = jnp.pad(rows, ((0, pad), (0, 0))).reshape(-1, min(n, chunk), rows.shape[-1])
 
     def one(x):
-        return jax.nn.logsumexp(TargetLM(cfg).apply({"params": params}, x, method=TargetLM.head), axis=-1)
+        return cpu_logsumexp.logsumexp(TargetLM(cfg).apply({"params": params}, x, method=TargetLM.head))
 
     return jax.lax.map(one, blocks).reshape(-1)[:n].reshape(h.shape[:-1])
 
