@@ -1,6 +1,7 @@
 """Whole generations in two numerics, compiled side by side in one process and alternated pair by pair.
 
-    python ab_generate.py BATCH PAIRS ARM_A ARM_B      (arms: float32 | bfloat16 | bfloat16-f32cache)
+    python ab_generate.py BATCH PAIRS ARM_A ARM_B
+    (arms: float32 | bfloat16 | bfloat16-f32cache | bfloat16-xla-products: XLA's dots for every product)
 
 SmolLM2 (the embedded default), BATCH random 100-token prompts, 64 greedy tokens, no stop tokens. Prints the
 prefill and the whole `generate` of each arm in every pair, the B / A throughput ratio per pair, its median
@@ -16,7 +17,8 @@ from carryover_jax.loading import load_target
 from carryover_jax.numerics import Numerics
 
 ARMS = {"float32": None, "bfloat16": Numerics(dtype="bfloat16"),
-        "bfloat16-f32cache": Numerics(dtype="bfloat16", cache_dtype="float32")}
+        "bfloat16-f32cache": Numerics(dtype="bfloat16", cache_dtype="float32"),
+        "bfloat16-xla-products": Numerics(dtype="bfloat16", decode_products="xla")}
 
 
 def main(batch: int, pairs: int, a: str, b: str) -> None:
