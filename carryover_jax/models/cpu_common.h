@@ -48,7 +48,7 @@ inline float sum(v16 v) {  // a fixed tree: 16 -> 8 -> 4 lanes, then (0 + 2) + (
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-// exp(x) for x <= 0 (a score minus its row's max), Cephes' single-precision polynomial (~1 ulp): x = n ln2 + r,
+// exp(x) for x <= 0 (a value minus its row's max), Cephes' single-precision polynomial (~1 ulp): x = n ln2 + r,
 // |r| <= ln2 / 2, 2^n from the exponent bits; 0 below -87 (where exp would leave the normal floats).
 inline v16 exp_nonpositive(v16 x) {
   typedef int32_t i16 __attribute__((vector_size(64)));

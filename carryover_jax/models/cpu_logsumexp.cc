@@ -38,7 +38,7 @@ float row_logsumexp(const float* x, int64_t n) {
     for (int j = 0; j < 4; ++j) see(j, load(x + i + 16 * j));
   for (; i < full; i += 16) see(0, load(x + i));
   if (full < n) see(0, load(tail));
-  v16 m01 = mx[0] > mx[1] ? mx[0] : mx[1], m23 = mx[2] > mx[3] ? mx[2] : mx[3];
+  const v16 m01 = mx[0] > mx[1] ? mx[0] : mx[1], m23 = mx[2] > mx[3] ? mx[2] : mx[3];
   const v16 mv = m01 > m23 ? m01 : m23;
   float m = mv[0];
   for (int j = 1; j < 16; ++j) m = mv[j] > m ? mv[j] : m;

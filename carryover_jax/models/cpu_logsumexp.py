@@ -2,9 +2,10 @@
 call (`cpu_kernels` builds and registers it).
 
 XLA CPU computes `jax.nn.logsumexp` over a [1024, 49152] block of SmolLM2's head logits in ~130 ms, nearly the
-head's product itself (~140 ms in bf16), so prepare's stored teacher log-sum-exp cost a fifth of its feature
-pass in float32 and bf16 alike. The kernel reads each row twice (its max, then the sum of exp(x - max) from
-cache) at ~1 ulp per exp; `logsumexp` uses it where the program is lowered for CPU and XLA's op elsewhere.
+head's product itself (~140 ms in bf16): prepare's feature pass, which stores that teacher log-sum-exp, runs
+1.07x faster in float32 and 1.10x in bf16 with the kernel (feature-lse-2026-12-04). The kernel reads each row
+twice (its max, then the sum of exp(x - max) from cache) at ~1 ulp per exp; `logsumexp` uses it where the
+program is lowered for CPU and XLA's op elsewhere.
 """
 
 from __future__ import annotations
