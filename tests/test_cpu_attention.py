@@ -131,27 +131,32 @@ def test_the_kernel_is_lowered_only_where_it_applies():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_ar_steps_and_verification_agree_bit_for_bit(tiny_llama, dtype):
-    """The tiny model's logits for a block of 4 tokens equal, row by row and bit for bit, those of 4 one-token AR
-    steps over the same cache (the kernel's and the products kernel's per-row orders together), in float32 and in
-    bf16 (params, activations, caches as bits): what makes greedy speculative decoding commit AR's tokens."""
+@pytest.mark.parametrize("tied,block_len", [(False, 4), (True, 8)])
+def test_ar_steps_and_verification_agree_bit_for_bit(tiny_llama, dtype, tied, block_len):
+    """The tiny model's logits for a block of 4 (untied head) or 8 tokens (tied head: a verification at P = 7)
+    equal, row by row and bit for bit, those of one-token AR steps over the same cache (the kernel's and the
+    products kernel's per-row orders together), in float32 and in bf16 (params, activations, caches as bits):
+    what makes greedy speculative decoding commit AR's tokens."""
     from carryover_jax import load_target
     from carryover_jax.decode import autoregressive as ar
     from carryover_jax.models.target import TargetLM
 
     target = load_target(tiny_llama.path, tokenizer=False, numerics=Numerics(dtype=dtype))
-    assert target.cfg.numerics.attention_backend == "cpu" and target.cfg.numerics.cache == jnp.dtype(dtype)
+    cfg, params = target.cfg, target.params
+    if tied:
+        cfg = cfg.replace(tie_word_embeddings=True)
+        params = {k: v for k, v in params.items() if k != "lm_head"}
+    assert cfg.numerics.attention_backend == "cpu" and cfg.numerics.cache == jnp.dtype(dtype)
     prompt = jnp.asarray([[5, 17, 33, 2, 61, 9, 4, 70]], jnp.int32)
-    cache, logits = ar.prefill(target.cfg, target.params, prompt, jnp.asarray([8]), max_len=64)
-    block = jnp.asarray([[11, 12, 13, 14]], jnp.int32)
-    step_text = ar.step.lower(target.cfg, target.params, cache, block[:, 0]).as_text()
+    cache, logits = ar.prefill(cfg, params, prompt, jnp.asarray([8]), max_len=64)
+    block = jnp.asarray([[11, 12, 13, 14, 3, 40, 6, 27][:block_len]], jnp.int32)
+    step_text = ar.step.lower(cfg, params, cache, block[:, 0]).as_text()
     assert any(t in step_text for t in ca.TARGETS.values())  # the cache is read by the kernel, not einsum's loop
     rows, c = [], cache
-    for i in range(4):
-        lg, c = ar.step(target.cfg, target.params, jax.tree.map(jnp.copy, c), block[:, i])
+    for i in range(block_len):
+        lg, c = ar.step(cfg, params, jax.tree.map(jnp.copy, c), block[:, i])
         rows.append(np.asarray(lg))
-    many = jax.jit(lambda p, c, x: TargetLM(target.cfg).apply({"params": p}, x, cache=c)[0])(
-        target.params, cache, block)
+    many = jax.jit(lambda p, c, x: TargetLM(cfg).apply({"params": p}, x, cache=c)[0])(params, cache, block)
     np.testing.assert_array_equal(np.asarray(many)[0], np.concatenate(rows))
 
 

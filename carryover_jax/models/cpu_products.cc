@@ -8,7 +8,8 @@
 // ~1.3 AR steps where the bandwidth bound says ~1.0. Here every row reads each weight once, in memory order:
 // for w [K, N] the K rows are split into contiguous chunks (one per thread of XLA's intra-op pool), each
 // chunk's rows read 8 at a time with software prefetch, and the chunks' partial y summed in chunk order; for
-// e [N, K] the N rows are split into contiguous chunks and each row is read once against all M rows of x.
+// e [N, K] the N rows are split into contiguous chunks, read 4 rows at a time (1 above 4 rows of x) with
+// software prefetch, each row once against all M rows of x.
 //
 // Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix), so a
 // token's products in a P + 1-row verification equal, bit for bit, its products in a one-row AR step.
@@ -31,9 +32,13 @@ constexpr int kMaxRows = 8;
 // 0.90-0.95x the time at 1-8 float32 rows, alternated in one process, 2026-12-04)
 constexpr int kBlock = 8;
 constexpr int kPrefetch = 16;    // rows of w ahead: the block after next
-constexpr int64_t kReuseBytes = 128 << 10;  // rows 5-8 re-read a slice of w this size from L2
+// rows of e ahead, prefetched line by line as a block is read (the hardware prefetchers alone do not keep enough
+// lines in flight): SmolLM2's tied head [49152, 576] from memory at 1 / 4 / 8 rows of x took 3.9 / 4.6 / 5.2 ms,
+// against 5.0 / 6.0 / 7.3 one row of e at a time without it, and XLA's dot 4.2 / 6.7 / 8.3 (float32, 2 threads,
+// alternated in one process, 2026-12-05)
+constexpr int kRowsAhead = 4;
 
-// y[0:M, :] += x[0:M, k0:k1] . w[k0:k1, :], M <= 4 (each y vector's M accumulators stay in registers over a block).
+// y[0:M, :] += x[0:M, k0:k1] . w[k0:k1, :] (each y vector's M accumulators stay in registers over a block).
 // W: float, or uint16_t for bf16 weights (widened to float as they are read; float32 products and sums).
 template <typename W, int M>
 void accumulate(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t k0, int64_t k1) {
@@ -67,41 +72,47 @@ void accumulate(const float* x, const W* w, float* y, int64_t K, int64_t N, int6
       for (int64_t n = 0; n < N; ++n) y[m * N + n] += x[m * K + k] * value(w[k * N + n]);
 }
 
-// y = x[:, k0:k1] . w[k0:k1, :] for M <= 8: rows 5-8 run over each L2-sized slice of w right after rows 1-4.
+// y = x[:, k0:k1] . w[k0:k1, :] for M <= 8, all M rows in one pass over w (rows 5-8 in a second pass over
+// L2-sized slices of w took 1.19x the time at 8 rows in float32, 1.28x in bf16: SmolLM2's 30 layers, alternated,
+// 2026-12-05)
 template <typename W, int M>
 void chunk(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t k0, int64_t k1) {
   std::memset(y, 0, sizeof(float) * M * N);
-  if constexpr (M <= 4) {
-    accumulate<W, M>(x, w, y, K, N, k0, k1);
-  } else {
-    int64_t step = kReuseBytes / (sizeof(W) * N) / kBlock * kBlock;
-    if (step < kBlock) step = kBlock;
-    for (int64_t a = k0; a < k1; a += step) {
-      int64_t b = a + step < k1 ? a + step : k1;
-      accumulate<W, 4>(x, w, y, K, N, a, b);
-      accumulate<W, M - 4>(x + 4 * K, w, y + 4 * N, K, N, a, b);
-    }
-  }
+  accumulate<W, M>(x, w, y, K, N, k0, k1);
 }
 
-// y[:, n0:n1] = x . e[n0:n1, :]^T: one row of e at a time (one accumulator per row of x: more rows of e at
-// once ran slower here), its K / 16 vectors summed in order, then the fixed tree, then the K % 16 tail.
-template <typename W, int M>
-void rows_of(const float* x, const W* e, float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+// y[:, n + r] = x . e[n + r, :]^T for r < R: R rows of e read together (R x M accumulators), each y's K / 16
+// vectors summed in order, then the fixed tree, then the K % 16 tail (the same operations whatever R and M).
+template <typename W, int M, int R>
+void rows_block(const float* x, const W* e, float* y, int64_t K, int64_t N, int64_t n, bool ahead) {
   const int64_t K16 = K / 16 * 16;
-  for (int64_t n = n0; n < n1; ++n) {
-    const W* row = e + n * K;
-    v16 acc[M] = {};
-    for (int64_t k = 0; k < K16; k += 16) {
-      const v16 ev = load(row + k);
-      for (int m = 0; m < M; ++m) acc[m] += load(x + m * K + k) * ev;
-    }
+  v16 acc[R][M] = {};
+  for (int64_t k = 0; k < K16; k += 16) {
+    if (ahead)
+      for (int r = 0; r < R; ++r) __builtin_prefetch(e + (n + kRowsAhead + r) * K + k);
+    v16 ev[R];
+    for (int r = 0; r < R; ++r) ev[r] = load(e + (n + r) * K + k);
     for (int m = 0; m < M; ++m) {
-      float s = sum(acc[m]);
-      for (int64_t k = K16; k < K; ++k) s += x[m * K + k] * value(row[k]);
-      y[m * N + n] = s;
+      const v16 xv = load(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[r][m] += xv * ev[r];
     }
   }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) {
+      float s = sum(acc[r][m]);
+      for (int64_t k = K16; k < K; ++k) s += x[m * K + k] * value(e[(n + r) * K + k]);
+      y[m * N + n + r] = s;
+    }
+}
+
+// y[:, n0:n1] = x . e[n0:n1, :]^T: 4 rows of e at a time up to 4 rows of x, one at a time above (16 accumulators
+// of 8 rows x 2 rows of e ran slower).
+template <typename W, int M>
+void rows_of(const float* x, const W* e, float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  constexpr int R = M <= 4 ? 4 : 1;
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) rows_block<W, M, R>(x, e, y, K, N, n, n + kRowsAhead + R <= N);
+  for (; n < n1; ++n) rows_block<W, M, 1>(x, e, y, K, N, n, false);
 }
 
 template <typename W>

@@ -20,14 +20,13 @@ import jax.numpy as jnp
 
 from carryover_jax.models import cpu_kernels
 
-# the most lhs rows the kernel takes, per layout: above, XLA's matrix-matrix kernels are faster (a tied head's
-# rows re-read x for every row of e, and at 5-8 rows those loads, not the memory, bound it)
-MAX_ROWS = {"kn": 8, "nk": 4}
+# the most lhs rows the kernel takes, per layout: above, XLA's matrix-matrix kernels are faster
+MAX_ROWS = {"kn": 8, "nk": 8}
 # the custom calls by (layout, operand dtype): w [K, N] ("kn"), e [N, K] ("nk": a tied head's rows); the
 # names carry a version (a changed kernel gets new ones, so a cached program never calls an older kernel)
 SYMBOLS = {("kn", "float32"): "CarryoverCpuProducts", ("nk", "float32"): "CarryoverCpuProductsRows",
            ("kn", "bfloat16"): "CarryoverCpuProductsBf16", ("nk", "bfloat16"): "CarryoverCpuProductsRowsBf16"}
-TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v2" for key in SYMBOLS}
+TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v3" for key in SYMBOLS}
 
 
 @functools.cache

@@ -31,7 +31,7 @@ Array = jax.Array
 def tied_logits(h: Array, embedding: Array, numerics) -> Array:
     """h [..., d] against a tied [V, d] embedding -> float32 logits [..., V], accumulated in float32, in the
     run's `Numerics` forms: `lm_head` ("vocab_major": XLA's CPU form for the few rows of a decode step; see
-    `numerics.lm_head_logits`), and `decode_products` ("stream": `cpu_products`' kernel at 1-4 rows)."""
+    `numerics.lm_head_logits`), and `decode_products` ("stream": `cpu_products`' kernel at 1-8 rows)."""
     plain = functools.partial(lm_head_logits, vocab_major_weight=True, impl=numerics.lm_head)
     if numerics.decode_products != "stream":
         return plain(h, embedding)
