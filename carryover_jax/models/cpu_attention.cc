@@ -29,7 +29,7 @@ constexpr float kNegInf = -1e30f;  // layers.NEG_INF
 constexpr int kMaxVectors = 32;    // D <= 512 (16 lanes each)
 // K rows prefetched ahead of the block being read, and each block's V rows while its K is read (the V pass then
 // finds them in L2): a batch-64 step's 30 layers of cache reads took 0.84x the time in float32, 0.80x as bf16 bits
-// (A/A 1.006; 2026-12-05, attention-prefetch-2026-12-05); 16 and 64 rows ahead did no better
+// (A/A 1.006; 2026-12-05, attention-prefetch-2026-12-05); 16 and 64 slots ahead did no better
 constexpr int64_t kSlotsAhead = 32;
 
 // 16 vectors -> the 16 sums of their lanes in one vector, each by `sum`'s tree (lanes j + j+8, then j + j+4,

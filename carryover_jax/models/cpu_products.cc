@@ -33,9 +33,9 @@ constexpr int kMaxRows = 8;
 constexpr int kBlock = 8;
 constexpr int kPrefetch = 16;    // rows of w ahead: the block after next
 // rows of e ahead, prefetched line by line as a block is read (the hardware prefetchers alone do not keep enough
-// lines in flight): SmolLM2's tied head [49152, 576] from memory at 1 / 4 / 8 rows of x took 3.9 / 4.6 / 5.2 ms,
-// against 5.0 / 6.0 / 7.3 one row of e at a time without it, and XLA's dot 4.2 / 6.7 / 8.3 (float32, 2 threads,
-// alternated in one process, 2026-12-05)
+// lines in flight): with it, and 4 rows of e read together, SmolLM2's tied head [49152, 576] from memory at 1 / 4 / 8
+// rows of x took 3.9 / 4.6 / 5.2 ms, against 5.0 / 6.0 / 7.3 one row of e at a time without it, and XLA's dot
+// 4.2 / 6.7 / 8.3 (float32, 2 threads, alternated in one process, 2026-12-05)
 constexpr int kRowsAhead = 4;
 
 // y[0:M, :] += x[0:M, k0:k1] . w[k0:k1, :] (each y vector's M accumulators stay in registers over a block).
