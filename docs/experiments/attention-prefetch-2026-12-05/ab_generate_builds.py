@@ -4,8 +4,8 @@ time in one process and their calls alternated.
 
     python ab_generate_builds.py OTHER.so REPS BxPROMPTxMAX_LEN[,...] [float32|bfloat16]
 
-OTHER.so: a library built from another `cpu_attention.cc`, e.g. the previous commit's:
-    mkdir -p /tmp/oldattn && git show HEAD~1:carryover_jax/models/cpu_attention.cc > /tmp/oldattn/cpu_attention.cc
+OTHER.so: a library built from another `cpu_attention.cc`, e.g. the one before 2026-12-05 (063a36b):
+    mkdir -p /tmp/oldattn && git show 063a36b:carryover_jax/models/cpu_attention.cc > /tmp/oldattn/cpu_attention.cc
     cp carryover_jax/models/cpu_common.h /tmp/oldattn/
     g++ -O3 -std=c++17 -shared -fPIC -march=native -I "$(python -c 'import jax; print(jax.ffi.include_dir())')" \\
         -I /tmp/oldattn /tmp/oldattn/cpu_attention.cc -o /tmp/oldattn/old.so

@@ -4,9 +4,9 @@ against another build of `cpu_products.cc` ("other"), both compiled in one proce
 
     python ab_loop.py OTHER.so P REPS [DTYPE]
 
-OTHER.so: a library built from another `cpu_products.cc`, e.g. the previous commit's:
-    git show HEAD~1:carryover_jax/models/cpu_products.cc > /tmp/old/cpu_products.cc
-    g++ -O3 -std=c++17 -shared -fPIC -march=native -I "$(python -c 'import jax; print(jax.ffi.include_dir())')" \
+OTHER.so: a library built from another `cpu_products.cc`, e.g. the one before 2026-12-05 (063a36b):
+    git show 063a36b:carryover_jax/models/cpu_products.cc > /tmp/old/cpu_products.cc
+    g++ -O3 -std=c++17 -shared -fPIC -march=native -I "$(python -c 'import jax; print(jax.ffi.include_dir())')" \\
         -I carryover_jax/models /tmp/old/cpu_products.cc -o /tmp/old.so
 registered under its own target names; `current` as OTHER.so is an A/A (this build against itself under a
 second set of names). OTHER_NK_ROWS=4: the other arm sends a tied head of more rows to XLA's dot (the kernel's
