@@ -105,8 +105,8 @@ void rows_block(const float* x, const W* e, float* y, int64_t K, int64_t N, int6
     }
 }
 
-// y[:, n0:n1] = x . e[n0:n1, :]^T, 4 rows of e at a time: at 5-8 rows of x one row of e at a time took 1.10x the
-// time, 2 rows 1.07x (float32, 8 rows, from memory, alternated, 2026-12-05)
+// y[:, n0:n1] = x . e[n0:n1, :]^T, 4 rows of e at a time: at 8 rows of x one row of e at a time took 1.11x the
+// time, 2 rows 1.07x (float32, from memory, alternated, 2026-12-05)
 template <typename W, int M>
 void rows_of(const float* x, const W* e, float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
   constexpr int R = 4;
