@@ -82,6 +82,34 @@ def test_tau_speedup_and_ci_on_a_synthetic_log():
     assert s["check"]["sequences"] == 6 and s["check"]["mismatches"] == ["carry/a/p2"]
 
 
+def test_acceptance_profile_against_a_direct_count():
+    """Slot rates counted round by round, and the unlimited-proposals bound as a long explicit series."""
+    rng = np.random.default_rng(0)
+    P, rates = 4, (0.4, 0.3, 0.5, 0.6)
+    accepted = []
+    for _ in range(5000):
+        a = 0
+        while a < P and rng.random() < rates[a]:
+            a += 1
+        accepted.append(a)
+    prof = M.acceptance_profile(M.accept_histogram([{"accepted": accepted}], P))
+    reach = [sum(a >= k for a in accepted) for k in range(P + 1)]  # rounds that accepted slot k (reach[0]: all)
+    assert prof["slot1"] == pytest.approx(reach[1] / len(accepted))
+    assert prof["given_previous"] == pytest.approx([reach[k] / reach[k - 1] for k in range(2, P + 1)])
+    c, p_k, series = reach[P] / reach[P - 1], reach[P] / len(accepted), 0.0
+    for _ in range(2000):  # slots P+1, P+2, ... each kept with slot P's conditional rate
+        p_k *= c
+        series += p_k
+    assert prof["tau_unlimited"] == pytest.approx(1 + sum(reach[1:]) / len(accepted) + series, rel=1e-9)
+    assert prof["slot1"] == pytest.approx(rates[0], abs=0.03)  # and the counts see the process that made them
+    # edge cases: nothing accepted, every slot accepted, one proposal
+    assert M.acceptance_profile([7, 0, 0]) == {"slot1": 0.0, "given_previous": [None], "tau_unlimited": 1.0}
+    assert M.acceptance_profile([0, 0, 5])["tau_unlimited"] is None
+    assert M.acceptance_profile([3, 1])["tau_unlimited"] == pytest.approx(1 + 0.25 / 0.75)
+    with pytest.raises(ValueError):
+        M.acceptance_profile([0, 0, 0])
+
+
 def test_t_quantiles_match_scipy():
     from scipy import stats
 
@@ -108,6 +136,7 @@ def test_report_renders_from_a_stored_json(tmp_path, capsys):
     assert "| a | 0 | 2.667 | 4.000 | +50.0% |" in md  # τ table
     assert "| a | 1 | 2.000 ± 0.000 | 3.000 ± 2.484 | +50.0% |" in md  # mean ± CI over seeds
     assert "| 2 | 18.0 | 20.0 (1.11x) | 27.0 (1.50x) |" in md  # throughput
+    assert "| slot 1 | slot k given k − 1 | τ, unlimited proposals |" in md
     assert "1 of 6 speculative sequences at T = 0 differ from AR" in md and "carry/a/p2" in md
     for png in ("tau.png", "throughput.png", "accept_lengths.png"):
         assert (tmp_path / "rep" / png).stat().st_size > 1000

@@ -346,6 +346,8 @@ def test_offline_cli_caches_rollouts_and_scores_carryover_arms(tok_target, tmp_p
     md = (tmp_path / "o1" / "report.md").read_text()
     assert "# carryover eval --offline" in md and "| b vs a | **all** | 0 | 10 x 1 |" in md
     assert "carried rows ON (hidden): rounds replayed" in md
+    acc = [x for r in res["log"] if r["mode"] == "a" and r["temperature"] == 0 for x in r["accepted"]]
+    assert f"| a | {len(acc)} | {sum(acc) / len(acc):.3f} |" in md  # the greedy rounds' acceptance table
     # the second run records nothing new and scores the same rollouts to the same numbers, replays included
     assert main(args + ["--out", str(tmp_path / "o2")]) == 0
     assert (cache / "rollouts.jsonl").read_text().splitlines() == lines

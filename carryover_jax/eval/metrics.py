@@ -70,6 +70,26 @@ def accept_histogram(records: Iterable[dict], num_proposals: int) -> list[int]:
     return [c.get(a, 0) for a in range(num_proposals + 1)]
 
 
+def acceptance_profile(histogram: list[int]) -> dict[str, Any]:
+    """What bounds τ at a drafter's measured acceptance, from `accept_histogram` (counts of a = 0..P):
+    "slot1", the share of rounds that accept the first proposal; "given_previous", slot k's acceptance
+    given slot k - 1 was accepted (k = 2..P; None once no round reached slot k - 1); and "tau_unlimited",
+    1 + the expected accepted drafts if every slot after P kept slot P's conditional rate (a geometric
+    tail): what more proposals could add at this drafter's quality (None when that rate is 1)."""
+    n = sum(histogram)
+    if n == 0 or len(histogram) < 2:
+        raise ValueError("acceptance_profile needs the counts of a = 0..P (P >= 1) over at least one round")
+    at_least = [sum(histogram[k:]) / n for k in range(1, len(histogram))]
+    given = [at_least[k] / at_least[k - 1] if at_least[k - 1] > 0 else None for k in range(1, len(at_least))]
+    last = given[-1] if given else at_least[0]  # P = 1: the one slot's own rate
+    if at_least[-1] == 0:
+        tail = 0.0  # no round reached slot P: nothing to extend
+    else:
+        tail = None if last >= 1.0 else at_least[-1] * last / (1.0 - last)
+    return {"slot1": at_least[0], "given_previous": given,
+            "tau_unlimited": None if tail is None else 1.0 + sum(at_least) + tail}
+
+
 def rel_gain(new: float, ref: float) -> float:
     return 100.0 * (new / ref - 1.0)
 

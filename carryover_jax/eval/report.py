@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from carryover_jax.eval.metrics import result_summary
+from carryover_jax.eval.metrics import accept_histogram, acceptance_profile, result_summary
 from carryover_jax.eval.paired import MIN_PROMPTS, MIN_TIMING_REPEATS
 
 
@@ -120,18 +120,8 @@ def render_markdown(result: dict[str, Any]) -> str:
                 f"{r[lab]:.1f} ({r[lab] / r['ar']:.2f}x)" for lab in labels) + " |")
         L.append("")
 
-    L += ["### Accepted drafts per round (T = 0, all datasets)", "",
-          "| drafter | rounds | mean accepted | a = 0 | a = P |", "|---|---|---|---|---|"]
     t0 = summary["temperatures"].get("0", {}).get("datasets", {}).get("all", {})
-    for d in drafters:
-        c = t0.get(d["label"])
-        if not c:
-            continue
-        h = c["accept_histogram"]
-        n = max(sum(h), 1)
-        mean = sum(a * k for a, k in enumerate(h)) / n
-        L.append(f"| {d['label']} | {sum(h)} | {mean:.3f} | {100 * h[0] / n:.1f}% | {100 * h[-1] / n:.1f}% |")
-    L.append("")
+    L += render_acceptance({d["label"]: t0[d["label"]]["accept_histogram"] for d in drafters if t0.get(d["label"])})
 
     diag = result.get("diagnostics")
     if diag:
@@ -177,6 +167,28 @@ PAIRED_RULES = (f"**resolved**: the interval excludes 0, on >= {MIN_PROMPTS} pro
                 f"each prompt (AR and the arms timed interleaved, >= {MIN_TIMING_REPEATS} repeats; one timing per "
                 "prompt resolves nothing); two arms that accepted the same drafts in every round did the same "
                 "work, so their speed difference is reported as a **timing-noise bound**, never as a gain.")
+
+
+def render_acceptance(histograms: dict[str, list[int]]) -> list[str]:
+    """The accepted drafts per round of each drafter at T = 0 (counts of a = 0..P), and what they bound τ to."""
+    L = ["### Accepted drafts per round (T = 0, all datasets)", "",
+         "Slot 1: the share of rounds that accept the first proposal; then each slot's acceptance given the one "
+         "before it. τ, unlimited proposals: 1 + the expected accepted drafts if every slot after P kept slot P's "
+         "rate: what more proposals could add at this drafter's quality.", "",
+         "| drafter | rounds | mean accepted | a = 0 | a = P | slot 1 | slot k given k − 1 | τ, unlimited proposals |",
+         "|---|---|---|---|---|---|---|---|"]
+    for label, h in histograms.items():
+        n = max(sum(h), 1)
+        mean = sum(a * k for a, k in enumerate(h)) / n
+        slot1 = given = bound = "–"
+        if sum(h) and len(h) > 1:
+            prof = acceptance_profile(h)
+            slot1 = f"{prof['slot1']:.3f}"
+            given = " / ".join("–" if g is None else f"{g:.3f}" for g in prof["given_previous"]) or "–"
+            bound = "–" if prof["tau_unlimited"] is None else f"{prof['tau_unlimited']:.3f}"
+        L.append(f"| {label} | {sum(h)} | {mean:.3f} | {100 * h[0] / n:.1f}% | {100 * h[-1] / n:.1f}% | "
+                 f"{slot1} | {given} | {bound} |")
+    return L + [""]
 
 
 def render_paired(summary: dict[str, Any]) -> list[str]:
@@ -275,6 +287,11 @@ def render_offline(result: dict[str, Any]) -> str:
             n = max((c["rollouts"] for c in cell.values()), default=0)
             L.append(f"| {'**all**' if ds == 'all' else ds} | {T} | {n} | "
                      + " | ".join(f"{cell[lab]['tau']:.3f}" if lab in cell else "-" for lab in labels) + " |")
+    P = {d["label"]: d["num_proposals"] for d in result["drafters"]}
+    greedy = {lab: [e for e in result.get("log", []) if e["mode"] == lab and e["temperature"] == 0 and "accepted" in e]
+              for lab in labels}
+    if any(greedy.values()):
+        L += [""] + render_acceptance({lab: accept_histogram(logs, P[lab]) for lab, logs in greedy.items() if logs})[:-1]
     rows = []
     for T, tb in s["temperatures"].items():
         for pr in tb["paired"]["pairs"]:
