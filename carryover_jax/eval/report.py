@@ -291,7 +291,8 @@ def render_offline(result: dict[str, Any]) -> str:
     greedy = {lab: [e for e in result.get("log", []) if e["mode"] == lab and e["temperature"] == 0 and "accepted" in e]
               for lab in labels}
     if any(greedy.values()):
-        L += [""] + render_acceptance({lab: accept_histogram(logs, P[lab]) for lab, logs in greedy.items() if logs})[:-1]
+        hists = {lab: accept_histogram(logs, P[lab]) for lab, logs in greedy.items() if logs}
+        L += [""] + render_acceptance(hists)[:-1]
     rows = []
     for T, tb in s["temperatures"].items():
         for pr in tb["paired"]["pairs"]:
