@@ -347,7 +347,10 @@ def test_offline_cli_caches_rollouts_and_scores_carryover_arms(tok_target, tmp_p
     assert "# carryover eval --offline" in md and "| b vs a | **all** | 0 | 10 x 1 |" in md
     assert "carried rows ON (hidden): rounds replayed" in md
     acc = [x for r in res["log"] if r["mode"] == "a" and r["temperature"] == 0 for x in r["accepted"]]
-    assert f"| a | {len(acc)} | {sum(acc) / len(acc):.3f} |" in md  # the greedy rounds' acceptance table
+    P = next(d["num_proposals"] for d in res["drafters"] if d["label"] == "a")
+    pct = lambda k: 100 * sum(x == k for x in acc) / len(acc)
+    slot1 = sum(x >= 1 for x in acc) / len(acc)  # the greedy rounds' acceptance table, counted here from the log
+    assert (f"| a | {len(acc)} | {sum(acc) / len(acc):.3f} | {pct(0):.1f}% | {pct(P):.1f}% | {slot1:.3f} |") in md
     # the second run records nothing new and scores the same rollouts to the same numbers, replays included
     assert main(args + ["--out", str(tmp_path / "o2")]) == 0
     assert (cache / "rollouts.jsonl").read_text().splitlines() == lines
