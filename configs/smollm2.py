@@ -4,17 +4,17 @@ decoding will verify), their target features are stored once at prepare time (tr
 the drafter), and a 2-layer DFlash drafter with Carryover learns to propose 3 tokens per round from an
 8,192-token draft vocabulary, with CE on the recorded tokens plus KL to the target's distribution.
 
-Why these sizes: on this CPU verifying 8 rows costs 1.3-1.4 AR steps against 1.1-1.2 for 4 (`carryover bench
-decode --breakdown`, docs/benchmarks.md), and with ~35-37% of rounds accepting anything slots 5-8 add little,
-while the drafter's own cost grows with P and with the vocabulary it scores. With 3 proposals and K = 8,192 a
-round costs τ ÷ speedup ≈ 1.3 AR steps (2026-12-04: τ 1.452, 1.125x), against ~2.0 for 7 proposals over the
-full 49,152-token head (2026-11-29), so the drafter pays for itself from τ ≈ 1.3. What got it there
-(docs/experiments/regenerated-2k-kl/): 2.2x the regenerated data of the previous default (1,000 -> 2,231
-conversations) and the KL term (+2% held-out τ at equal steps, docs/experiments/kl-distillation/); on 1,000
-conversations τ rose only from 1.29 to 1.31 over the last 300 of 1,200 steps. Data still moves held-out τ most: 4x the records (`--set data.max_prompts=9216`,
-8,969 records) gave +4.4% at equal steps, and three more cycles on them (`init_from`, lr 3e-4) τ 1.702, +12.6% in
-all (docs/experiments/data-8969-bf16-2026-12-05/); the default keeps 2,304 so that the full preset fits its time
-budget on this CPU. 64 anchors of 4-token blocks cost what 32 anchors of 8 did.
+Why these sizes: on this CPU verifying 8 rows costs 1.3-1.4 AR steps against 1.1-1.2 for 4 (`carryover bench decode
+--breakdown`, docs/benchmarks.md), and with ~35-37% of rounds accepting anything slots 5-8 add little, while the
+drafter's own cost grows with P and with the vocabulary it scores. With 3 proposals and K = 8,192 a round costs τ ÷
+speedup ≈ 1.3 AR steps (2026-12-04: τ 1.452, 1.125x), against ~2.0 for 7 proposals over the full 49,152-token head
+(2026-11-29), so the drafter pays for itself from τ ≈ 1.3. What got it there (docs/experiments/regenerated-2k-kl/):
+2.2x the regenerated data of the previous default (1,000 -> 2,231 conversations) and the KL term (+2% held-out τ at
+equal steps, docs/experiments/kl-distillation/); on 1,000 conversations τ rose only from 1.29 to 1.31 over the last
+300 of 1,200 steps. Data still moves held-out τ most: 4x the records (`--set data.max_prompts=9216`, 8,969 records)
+gave +4.4% at equal steps, and three more cycles on them (`init_from`, lr 3e-4) τ 1.702, +12.6% in all
+(docs/experiments/data-8969-bf16-2026-12-05/); the default keeps 2,304 so that the full preset fits its time budget
+on this CPU. 64 anchors of 4-token blocks cost what 32 anchors of 8 did.
 Feature layers follow the z-lab spacing for 30 layers: (1, 8, 14, 20, 27). The store also holds every layer's K/V in
 float32 (`data.store_kv`: 46 KB a token, ~18 GB for the ~383k tokens of 2,304 replies, 6.7x the features), so a
 DVD step reads the prefix its verification attends to instead of running the target over the recorded
