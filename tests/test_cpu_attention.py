@@ -65,10 +65,12 @@ def _values(x):
 @pytest.mark.parametrize("d", [16, 48, 64, 128, 256])
 def test_kernel_equals_float64_and_every_query_its_own_call(d, dtype):
     """Head dims with an unrolled path (16, 64, 128, 256) and the run-time one (48); slots in 16-slot blocks with
-    tails; a row past the buffer, a row that sees nothing, sliding windows. The softmax statistics and the
-    normalised output against float64 (bf16 caches: the bf16 values, widened exactly)."""
+    tails; a row past the buffer, a row that sees nothing, sliding windows; fewer (row, K/V head) pairs than a few per
+    thread (batch 1 with 1 or 3 K/V heads), whose query rows the kernel splits over the threads. The softmax
+    statistics and the normalised output against float64 (bf16 caches: the bf16 values, widened exactly)."""
     rng = np.random.default_rng(d)
-    for shape, window in (((3, 2, 3, 1, 37), None), ((3, 1, 2, 5, 70), None), ((2, 2, 4, 8, 50), 6)):
+    for shape, window in (((3, 2, 3, 1, 37), None), ((3, 1, 2, 5, 70), None), ((2, 2, 4, 8, 50), 6),
+                          ((1, 3, 3, 4, 90), None), ((1, 1, 4, 3, 40), 5)):
         qg, k, v, limit, lower = _case(rng, *shape, d, dtype, window)
         m, s, o = _call(qg, k, v, limit, lower)
         want_m, want_s, want_o = _reference(qg, _values(k), _values(v), limit,

@@ -183,17 +183,23 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
   float *ms = m->typed_data(), *ls = l->typed_data(), *os = o->typed_data();
   const int64_t threads = pool.num_threads() < 1 ? 1 : pool.num_threads();
   const AttendFn<KV> fn = attend_fn<KV>(D / 16);
-  parallel_for(pool, B * H, threads, [=](int64_t task) {
+  // Fewer (row, K/V head) pairs than a few per thread (batch 1: SmolLM2's 3 K/V heads on 2 threads, a 1-K/V-head
+  // model on 1) leave threads idle or unevenly loaded: each pair's query rows are then split into `parts`, each
+  // part reading the pair's K/V on its own (a query's result does not depend on the other rows of its call).
+  const int64_t pairs = B * H;
+  const int64_t parts = pairs % threads != 0 && pairs < 4 * threads ? (R < threads ? R : threads) : 1;
+  parallel_for(pool, pairs * parts, threads, [=](int64_t item) {
     thread_local std::vector<float> scores;
-    const int64_t b = task / H;
-    std::vector<int64_t> lo(R), hi(R);
-    for (int64_t r = 0; r < R; ++r) {
+    const int64_t task = item / parts, part = item % parts, b = task / H;
+    const int64_t r0 = part * R / parts, r1 = (part + 1) * R / parts, n = r1 - r0;
+    std::vector<int64_t> lo(n), hi(n);
+    for (int64_t r = r0; r < r1; ++r) {
       const int64_t t = r % Tq, a = low[b * Tq + t], z = lim[b * Tq + t];
-      lo[r] = a < 0 ? 0 : a;
-      hi[r] = z > S ? S : z;
+      lo[r - r0] = a < 0 ? 0 : a;
+      hi[r - r0] = z > S ? S : z;
     }
-    fn(qs + task * R * D, ks + task * S * D, vs + task * S * D, lo.data(), hi.data(), R, D / 16, scale,
-       ms + task * R, ls + task * R, os + task * R * D, scores);
+    fn(qs + (task * R + r0) * D, ks + task * S * D, vs + task * S * D, lo.data(), hi.data(), n, D / 16, scale,
+       ms + task * R + r0, ls + task * R + r0, os + (task * R + r0) * D, scores);
   });
   return ffi::Error::Success();
 }

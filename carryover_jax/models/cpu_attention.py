@@ -23,7 +23,7 @@ MAX_HEAD_DIM = 512  # the kernel keeps a key row in registers: D / 16 vectors (D
 SYMBOLS = {"float32": "CarryoverCpuAttention", "bfloat16": "CarryoverCpuAttentionBf16",
            "uint16": "CarryoverCpuAttentionBits"}  # uint16: a bf16 cache kept as its bits
 # the names carry a version (a changed kernel gets new ones, so a cached program never calls an older kernel)
-TARGETS = {dtype: f"carryover_cpu_attention_{dtype}_v2" for dtype in SYMBOLS}
+TARGETS = {dtype: f"carryover_cpu_attention_{dtype}_v3" for dtype in SYMBOLS}
 
 
 @functools.cache
