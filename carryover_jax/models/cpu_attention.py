@@ -1,12 +1,13 @@
 """A decode step's attention over a cache segment on the CPU (`LiveMask` segments): the kernel of
 `cpu_attention.cc`, an XLA FFI custom call (`cpu_kernels` builds and registers it).
 
-XLA CPU reads a cache segment in 128-slot chunks up to the batch's longest row (`layers._live_loop`), its
-small products streaming the K/V at ~15 GB/s. The kernel reads each (row, K/V head)'s own slots once, K then V,
-on XLA's intra-op threads, and computes every query's scores and sums in one order whatever the query count: a
-token's attention in a verification equals its attention in an AR step bit for bit. The attention backend
-"cpu" (the CPU default) uses it; on a machine where it cannot be built, "cpu" is "einsum" with a one-line
-warning. Forward only (decoding), like the loop it replaces.
+XLA CPU reads a cache segment in 128-slot chunks up to the batch's longest row (`layers._live_loop`), its small
+products streaming the K/V at ~15 GB/s. The kernel reads each (row, K/V head)'s own slots once, K then V, on XLA's
+intra-op threads (when the pairs are too few to keep the threads busy, as at batch 1, each pair's query rows are
+split over them, each part reading the pair's slots), and computes every query's scores and sums in one order
+whatever the query count: a token's attention in a verification equals its attention in an AR step bit for bit. The
+attention backend "cpu" (the CPU default) uses it; on a machine where it cannot be built, "cpu" is "einsum" with a
+one-line warning. Forward only (decoding), like the loop it replaces.
 """
 
 from __future__ import annotations
