@@ -15,11 +15,9 @@ limit before 2026-12-05). P: proposals of a random 2-layer DFlash drafter with a
 the kernel names they call."""
 import ctypes, functools, os, sys, time
 import jax, jax.numpy as jnp, numpy as np
-from carryover_jax.loading import load_target, init_drafter
-from carryover_jax.decode import autoregressive as ar, speculative as sp
-from carryover_jax.decode.buckets import next_bucket
 from carryover_jax.bench.decode import _in_loop_ms, LOOP_STEPS
 from carryover_jax.models import cpu_kernels, cpu_products as cp
+from batch1 import prefilled, setup
 
 so, P, REPS = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 dtype = sys.argv[4] if len(sys.argv) > 4 else None
@@ -32,22 +30,8 @@ for key, symbol in cp.SYMBOLS.items():
 max_rows = {"current": dict(cp.MAX_ROWS),
             "other": {**cp.MAX_ROWS, "nk": int(os.environ.get("OTHER_NK_ROWS", cp.MAX_ROWS["nk"]))}}
 
-target = load_target("smollm2", dtype=dtype)
-drafter = init_drafter(target, kind="dflash", layout="zlab", num_proposals=P, num_layers=2,
-                       draft_vocab=tuple(range(8192)))
-tcfg, dcfg, tp, dp = target.cfg, drafter.cfg, target.params, drafter.params
-sc = sp.SpecConfig(target=tcfg, drafter=dcfg, attend_carried=dcfg.carryover)
-prompt_len, L, batch, n = 100, 1024, 1, P + 2
-rng = np.random.default_rng(0)
-tokens = np.zeros((batch, next_bucket(prompt_len)), np.int32)
-tokens[:, :prompt_len] = rng.integers(10, tcfg.vocab_size, (batch, prompt_len))
-tokens, lens = jnp.asarray(tokens), jnp.full((batch,), prompt_len, jnp.int32)
-
-
-def reset(s):
-    return s.replace(target_cache=s.target_cache.with_lengths(lens + 0),
-                     draft_cache=s.draft_cache.with_lengths(lens + 0), num_out=jnp.ones_like(s.num_out),
-                     rounds=jnp.zeros_like(s.rounds), done=jnp.zeros_like(s.done))
+b = setup(P, dtype)
+tcfg, tp, dp, sc, lens, reset, prompt_len, L = b.tcfg, b.tp, b.dp, b.sc, b.lens, b.reset, b.prompt_len, 1024
 
 
 def arm(names, rows):
@@ -55,11 +39,7 @@ def arm(names, rows):
     jax.clear_caches()
     cp.TARGETS.clear(); cp.TARGETS.update(names)
     cp.MAX_ROWS.clear(); cp.MAX_ROWS.update(rows)
-    cache, logits = ar.prefill(tcfg, tp, tokens, lens, max_len=L)
-    s = sp.prefill(sc, tp, dp, tokens, lens, jnp.full((batch,), n, jnp.int32), jnp.zeros((batch,)),
-                   jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=L, out_size=n)
-    toks, q, _ = sp.draft_step(sc, tp, dp, reset(s))
-    bx = {"cache": cache, "tok": jnp.argmax(logits, -1).astype(jnp.int32), "s": s, "toks": toks, "q": q}
+    bx = prefilled(b, L)
     captured = {}
     real_jit = jax.jit
 

@@ -1,6 +1,6 @@
 """Where a verification's extra time goes, inside a compiled 32-step loop (as `bench decode --breakdown` times it):
 SmolLM2 at batch 1, a random 2-layer DFlash drafter with the default recipe's shape, 1,024-slot caches, 100-token
-prompt; each arm's loops alternated, medians, ms per step and the ratio to the AR step.
+prompt; the arms' loops interleaved (round-robin), medians, ms per step and the ratio to the AR step.
 
     python verify_split.py P REPS [DTYPE]
 
@@ -9,40 +9,22 @@ Arms: `ar` (an AR step), `t4` (the target's pass over the P + 1 verify rows alon
 `verify` (`speculative.verify_step`: + acceptance, commit and bookkeeping), `ar_again` (an A/A of `ar`).
 PROFILE=1: also the per-kernel time of `ar` and `t4` from a `jax.profiler` trace (the 241 CPU-kernel calls of a
 step by position: 30 layers x (k, q, v, attention, o, gate, up, down) + the tied head)."""
-import functools, sys, time, os
+import functools, os, sys, time
 import jax, jax.numpy as jnp, numpy as np
-from carryover_jax.loading import load_target, init_drafter
-from carryover_jax.decode import autoregressive as ar, speculative as sp, drafting as D
-from carryover_jax.decode.buckets import next_bucket
+from carryover_jax.decode import speculative as sp, drafting as D
 from carryover_jax.decode.sampling import argmax
 from carryover_jax.models.target import TargetLM
+from batch1 import ar_body, looped, prefilled, setup
 
 P, REPS = int(sys.argv[1]), int(sys.argv[2])
 dtype = sys.argv[3] if len(sys.argv) > 3 else None
-N = 32
-target = load_target("smollm2", dtype=dtype)
-drafter = init_drafter(target, kind="dflash", layout="zlab", num_proposals=P, num_layers=2, draft_vocab=tuple(range(8192)))
-tcfg, dcfg, tp, dp = target.cfg, drafter.cfg, target.params, drafter.params
-sc = sp.SpecConfig(target=tcfg, drafter=dcfg, attend_carried=dcfg.carryover)
-prompt_len, L, batch, n = 100, 1024, 1, P + 2
-rng = np.random.default_rng(0)
-tokens = np.zeros((batch, next_bucket(prompt_len)), np.int32)
-tokens[:, :prompt_len] = rng.integers(10, tcfg.vocab_size, (batch, prompt_len))
-tokens, lens = jnp.asarray(tokens), jnp.full((batch,), prompt_len, jnp.int32)
-def reset(s):
-    return s.replace(target_cache=s.target_cache.with_lengths(lens + 0), draft_cache=s.draft_cache.with_lengths(lens + 0),
-                     num_out=jnp.ones_like(s.num_out), rounds=jnp.zeros_like(s.rounds), done=jnp.zeros_like(s.done))
-cache, logits = ar.prefill(tcfg, tp, tokens, lens, max_len=L)
-s = sp.prefill(sc, tp, dp, tokens, lens, jnp.full((batch,), n, jnp.int32), jnp.zeros((batch,)),
-               jnp.full((8,), -1, jnp.int32), jax.random.key(0), max_len=L, out_size=n)
-toks, q, _ = sp.draft_step(sc, tp, dp, reset(s))
-tok = jnp.argmax(logits, -1).astype(jnp.int32)
+N, L, batch = 32, 1024, 1
+b = setup(P, dtype)
+tcfg, dcfg, tp, dp, sc, lens, reset = b.tcfg, b.dcfg, b.tp, b.dp, b.sc, b.lens, b.reset
+bx = prefilled(b, L)
+cache, tok, s, toks, q = bx["cache"], bx["tok"], bx["s"], bx["toks"], bx["q"]
 
-def ar_body(a, c):
-    cache, tok = c
-    lg, cache = ar.step(tcfg, a, cache.with_lengths(lens + 0), tok)
-    return cache, argmax(lg).astype(jnp.int32)
-def t4_body(a, c, tap=False, drafter=False):
+def t4_body(a, c, tap=False):
     cache, tok = c
     chunk = jnp.concatenate([tok[:, None], toks], axis=1)
     kw = dict(tap_layers=dcfg.target_layer_ids) if tap else {}
@@ -63,14 +45,12 @@ def t4d_body(a, s):
                       carried=carried.astype(st.carried.dtype), anchor=argmax(lg).astype(jnp.int32)[:, 0])
 def verify_body(a, s):
     return sp.verify_step(sc, a, dp, reset(s), toks, q)
-def looped(body):
-    return jax.jit(lambda args, carry: jax.lax.fori_loop(0, N, lambda _, c: body(args, c), carry))
-calls = {"ar": functools.partial(looped(ar_body), tp, (cache, tok)),
-         "t4": functools.partial(looped(t4_body), tp, (cache, tok)),
-         "t4tap": functools.partial(looped(functools.partial(t4_body, tap=True)), tp, (cache, tok)),
-         "t4d": functools.partial(looped(t4d_body), tp, s),
-         "verify": functools.partial(looped(verify_body), tp, s),
-         "ar_again": functools.partial(looped(ar_body), tp, (cache, tok))}
+calls = {"ar": functools.partial(looped(ar_body(b), N), tp, (cache, tok)),
+         "t4": functools.partial(looped(t4_body, N), tp, (cache, tok)),
+         "t4tap": functools.partial(looped(functools.partial(t4_body, tap=True), N), tp, (cache, tok)),
+         "t4d": functools.partial(looped(t4d_body, N), tp, s),
+         "verify": functools.partial(looped(verify_body, N), tp, s),
+         "ar_again": functools.partial(looped(ar_body(b), N), tp, (cache, tok))}
 for k, f in calls.items():
     jax.block_until_ready(f())
 times = {k: [] for k in calls}
@@ -81,7 +61,7 @@ med = {k: 1e3 * np.median(v) / N for k, v in times.items()}
 print(f"P={P} dtype={dtype or 'float32'} reps={REPS}: " + ", ".join(f"{k} {v:.2f} ms ({v / med['ar']:.3f})" for k, v in med.items()))
 
 if os.environ.get("PROFILE"):
-    import collections, tempfile
+    import tempfile
     from carryover_jax.bench.opprofile import _events, _OP
     per = {}
     for k in ("ar", "t4"):
