@@ -1,6 +1,7 @@
 """The CPU's few-row products kernel (`models/cpu_products.cc`) against float64 numpy, row by row bit for bit
-against its own one-row calls (what makes a verified token's logits those of an AR step), its gradient and vmap
-against XLA's dots; where the model lowers it (float32 products of 1-8 rows, CPU only); AR decoding with it
+against its own one-row calls (what makes a verified token's logits those of an AR step, at any batch size), its
+gradient and vmap against XLA's dots; where the model lowers it (products of 1-8 rows, float32 Dense products up
+to 1,024 rows, CPU only); AR decoding with it
 against transformers' greedy decoding; and a machine that cannot build it (one warning line, XLA's dot)."""
 
 import jax
@@ -18,8 +19,9 @@ from carryover_jax.numerics import Numerics
 pytestmark = pytest.mark.skipif(not cp.available(), reason="no C++ compiler for the CPU kernel")
 
 # K, N: tails of K % 4, N % 16, K < 4, N = 1; for e [N, K] N % 4 (rows of e read 4 at a time), N below the rows
-# prefetched ahead
-SHAPES = ((576, 192), (37, 19), (3, 16), (130, 1), (1536, 576), (64, 7))
+# prefetched ahead; for the tiled loop (float32 w [K, N], 9+ rows) N = 96 + 2 x 16 + 2 (a full column tile, two
+# 16-column ones and a tail) with K over one panel (96) in each of its chunks
+SHAPES = ((576, 192), (37, 19), (3, 16), (130, 1), (1536, 576), (64, 7), (250, 130))
 
 
 def _call(x, w, layout):
@@ -35,13 +37,15 @@ def test_products_equal_float64_and_every_row_its_own_one_row_call(layout, dtype
     for k, n in SHAPES:
         w = jnp.asarray(rng.normal(size=(k, n)), dtype)
         wl = w if layout == "kn" else jnp.asarray(w.T)
-        for m in (1, 2, 4, 5, 8):
+        tiled = (9, 13, 64) if (layout, dtype) == ("kn", "float32") else ()
+        for m in (1, 2, 4, 5, 8) + tiled:
             x = jnp.asarray(rng.normal(size=(m, k)), dtype)
             y = _call(x, wl, layout)
             assert y.dtype == np.float32
             want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
             np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.sqrt(k))
-            for i in range(m):  # bitwise: the row count never changes a row's sums
+            for i in sorted({0, 3, 4, m // 2, m - 1} & set(range(m))):  # bitwise: a row's sums never depend on
+                # the row count (tiles of 4 rows: a tile's first, last and next rows, and the rows left over)
                 np.testing.assert_array_equal(_call(x[i:i + 1], wl, layout), y[i:i + 1], err_msg=f"{k}x{n} m={m}")
 
 
@@ -83,7 +87,12 @@ def test_the_model_lowers_the_kernel_only_where_it_applies(tiny_llama):
     for rows in (4, 5, 8):  # a tied head of 1-8 rows: a verification of up to 8 tokens at batch 1
         assert _program(tied, rows).count(cp.TARGETS["nk", "float32"]) == 1, rows
     assert _program(_cfg(tiny_llama, dtype="bfloat16"), 4).count(cp.TARGETS["kn", "bfloat16"]) == 7 * 3 + 1
-    for cfg, rows, platform in ((stream, 9, "cpu"),  # more rows than the kernel takes: XLA's matrix kernel
+    for rows in (9, cp.TILED_ROWS):  # float32 Dense products of 9+ rows: the tiled loop; a tied head: XLA's dot
+        assert _program(stream, rows).count(cp.TARGETS["kn", "float32"]) == 7 * 3 + 1, rows
+        text = _program(tied, rows)
+        assert text.count(cp.TARGETS["kn", "float32"]) == 7 * 3 and cp.TARGETS["nk", "float32"] not in text, rows
+    for cfg, rows, platform in ((stream, cp.TILED_ROWS + 1, "cpu"),  # more rows than it takes: XLA's kernel
+                                (_cfg(tiny_llama, dtype="bfloat16"), 9, "cpu"),  # bf16 above 8 rows: XLA's
                                 (_cfg(tiny_llama, decode_products="xla"), 4, "cpu"),
                                 (_cfg(tiny_llama, dtype="float16"), 4, "cpu"),  # no float16 kernel
                                 (stream, 4, "cuda")):  # accelerators never lower it

@@ -26,6 +26,15 @@ inline v16 load(const uint16_t* p) {  // 16 bf16 (their bits) widened exactly: t
   return v;
 }
 inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+// c + a * b as the vector loops compute it (contracted to one rounding where the CPU has FMA): a scalar tail
+// written as `c += a * b` is contracted in some loops and not in others, which would change a row's bits
+inline float madd(float a, float b, float c) {
+#if defined(__FMA__) || defined(__aarch64__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return c + a * b;
+#endif
+}
 inline float value(float v) { return v; }
 inline float value(uint16_t bits) {
   const uint32_t wide = uint32_t(bits) << 16;

@@ -11,8 +11,16 @@
 // e [N, K] the N rows are split into contiguous chunks, read 4 rows at a time with software prefetch, each row
 // once against all M rows of x.
 //
-// Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix), so a
-// token's products in a P + 1-row verification equal, bit for bit, its products in a one-row AR step.
+// More rows (float32 w [K, N]: a decode step at batch 9-128, a batch's verification) run as register tiles of 4 rows
+// x 96 columns over panels of 96 rows of w, the next panel prefetched to L2, tiles of columns and groups of rows
+// split over the threads. XLA's dot took 1.45-1.5x the time at 9-16 rows, 1.07-1.1x at 64-128 (SmolLM2's 30 layers'
+// Dense shapes, 2 threads, 2026-12-05): it packs w at every call, where a decode step's w is read once for all rows.
+// From ~256 rows XLA's packed kernel is as fast or faster; `cpu_products.TILED_ROWS` sends those rows to it.
+//
+// Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix): for each
+// chunk of K (the split depends on K and the pool's size only) one float32 multiply-add chain in k order, the
+// chunks' sums added in order. So a token's products in a P + 1-row verification equal, bit for bit, its products
+// in a one-row AR step, and a row's products are the same at any batch size.
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -39,6 +47,13 @@ constexpr int kPrefetch = 8;
 // rows of x took 3.9 / 4.6 / 5.2 ms, against 5.0 / 6.0 / 7.3 one row of e at a time without it, and XLA's dot
 // 4.2 / 6.7 / 8.3 (float32, 2 threads, alternated in one process, 2026-12-05)
 constexpr int kRowsAhead = 4;
+// the tiled path (more than kMaxRows rows): 4 x 6 vectors of accumulators, 96 rows of w a panel (4 x 6 over 96 took
+// 0.80-0.94x the time of 6 x 4, 8 x 3, 3 x 8 or 2 x 12 tiles and of 48- to 128-row panels at 64 rows; prefetching
+// the next panel to L2 0.79x against none: SmolLM2's 30 layers' Dense shapes, 2 threads, 2026-12-05)
+constexpr int kTileRows = 4, kTileVecs = 6, kPanel = 96;
+// rows a task takes, so that a pool of more threads than column tiles has work (16-64 rows a task took the same time
+// as one task a column tile at 16-128 rows on 2 threads)
+constexpr int64_t kGroupRows = 64;
 
 // y[0:M, :] += x[0:M, k0:k1] . w[k0:k1, :] (each y vector's M accumulators stay in registers over a block).
 // W: float, or uint16_t for bf16 weights (widened to float as they are read; float32 products and sums).
@@ -65,13 +80,13 @@ void accumulate(const float* x, const W* w, float* y, int64_t K, int64_t N, int6
     for (; n < N; ++n)
       for (int m = 0; m < M; ++m) {
         float acc = y[m * N + n];
-        for (int j = 0; j < kBlock; ++j) acc += b[m][j] * value(w[(k + j) * N + n]);
+        for (int j = 0; j < kBlock; ++j) acc = madd(b[m][j], value(w[(k + j) * N + n]), acc);
         y[m * N + n] = acc;
       }
   }
   for (; k < k1; ++k)
     for (int m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) y[m * N + n] += x[m * K + k] * value(w[k * N + n]);
+      for (int64_t n = 0; n < N; ++n) y[m * N + n] = madd(x[m * K + k], value(w[k * N + n]), y[m * N + n]);
 }
 
 // y = x[:, k0:k1] . w[k0:k1, :] for M <= 8, all M rows in one pass over w (rows 5-8 in a second pass over
@@ -117,6 +132,97 @@ void rows_of(const float* x, const W* e, float* y, int64_t K, int64_t N, int64_t
   for (; n < n1; ++n) rows_block<W, M, 1>(x, e, y, K, N, n, false);
 }
 
+// The K chunks of a product: the same split for the few-row and the tiled paths (so a row's sums never depend on
+// the row count), [c * size, min(K, (c + 1) * size)) for c < chunks.
+struct KSplit {
+  int64_t size, chunks;
+};
+inline KSplit k_split(int64_t K, int64_t threads) {
+  const int64_t per = (K + threads - 1) / threads, size = (per + kBlock - 1) / kBlock * kBlock;
+  return {size, (K + size - 1) / size};
+}
+
+// rows m0..m0+MR of y's columns n..n+16 NV (or the `cols` < 16 columns at n for NV == 0) over k0..k1: each sum's
+// chain continues from `run` (row m at run[(m - r0) * rs]; none at a chunk's first panel) and goes back to `run`,
+// or at a chunk's last panel is added to y (stride N; written, for chunk 0). `pf`: the next panel's first row in
+// these columns.
+template <int MR, int NV>
+void tile(const float* x, const float* w, float* y, float* run, int64_t rs, int64_t K, int64_t N, int64_t r0,
+          int64_t m0, int64_t n, int cols, int64_t k0, int64_t k1, bool first, int finish, const float* pf) {
+  if constexpr (NV == 0) {
+    for (int m = 0; m < MR; ++m)
+      for (int c = 0; c < cols; ++c) {
+        float acc = first ? 0.0f : run[(m0 - r0 + m) * rs + c];
+        for (int64_t k = k0; k < k1; ++k) acc = madd(x[(m0 + m) * K + k], w[k * N + n + c], acc);
+        float* out = finish ? y + (m0 + m) * N + n + c : run + (m0 - r0 + m) * rs + c;
+        *out = finish == 2 ? *out + acc : acc;
+      }
+  } else {
+    v16 acc[MR][NV];
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NV; ++j) acc[m][j] = first ? v16{} : load(run + (m0 - r0 + m) * rs + 16 * j);
+    for (int64_t k = k0; k < k1; ++k) {
+      if (pf)
+        for (int j = 0; j < NV; ++j) __builtin_prefetch(pf + (k - k0) * N + 16 * j, 0, 2);
+      v16 wv[NV];
+      for (int j = 0; j < NV; ++j) wv[j] = load(w + k * N + n + 16 * j);
+      for (int m = 0; m < MR; ++m) {
+        const float b = x[(m0 + m) * K + k];
+        for (int j = 0; j < NV; ++j) acc[m][j] += b * wv[j];
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NV; ++j) {
+        float* out = finish ? y + (m0 + m) * N + n + 16 * j : run + (m0 - r0 + m) * rs + 16 * j;
+        store(out, finish == 2 ? load(out) + acc[m][j] : acc[m][j]);
+      }
+  }
+}
+
+// y[r0:r1, n:n + 16 NV] (or `cols` columns), chunk by chunk of K, panel by panel; `run` holds the running sums,
+// [r1 - r0, 16 kTileVecs]
+template <int NV>
+void tile_columns(const float* x, const float* w, float* y, float* run, int64_t r0, int64_t r1, int64_t K,
+                  int64_t N, int64_t n, int cols, KSplit split) {
+  constexpr int64_t rs = 16 * kTileVecs;
+  for (int64_t c = 0; c < split.chunks; ++c) {
+    const int64_t a = c * split.size, b = a + split.size < K ? a + split.size : K;
+    for (int64_t k0 = a; k0 < b; k0 += kPanel) {
+      const int64_t k1 = k0 + kPanel < b ? k0 + kPanel : b;
+      const bool first = k0 == a;
+      // the last panel of chunk 0 writes y, of a later chunk adds to it (in chunk order: y = (c0 + c1) + c2 ...)
+      const int finish = k1 < b ? 0 : c == 0 ? 1 : 2;
+      const float* pf = k1 < K ? w + k1 * N + n : nullptr;
+      int64_t m = r0;
+      for (; m + kTileRows <= r1; m += kTileRows)
+        tile<kTileRows, NV>(x, w, y, run, rs, K, N, r0, m, n, cols, k0, k1, first, finish, m == r0 ? pf : nullptr);
+      for (; m < r1; ++m) tile<1, NV>(x, w, y, run, rs, K, N, r0, m, n, cols, k0, k1, first, finish, nullptr);
+    }
+  }
+}
+
+// y = x . w for M > kMaxRows float32 rows: tasks of a column tile (16 kTileVecs columns, then 16-column tiles, then
+// the last N % 16 columns) by a group of kGroupRows rows, over the threads
+ffi::Error Tiled(ffi::ThreadPool& pool, const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N,
+                 int64_t threads) {
+  const KSplit split = k_split(K, threads);
+  constexpr int64_t wide = 16 * kTileVecs;
+  const int64_t full = N / wide, narrow = (N - full * wide) / 16, rest = N % 16;
+  const int64_t groups = (M + kGroupRows - 1) / kGroupRows, tasks = (full + narrow + (rest ? 1 : 0)) * groups;
+  parallel_for(pool, tasks, threads, [=](int64_t task) {
+    const int64_t t = task / groups, r0 = task % groups * kGroupRows, r1 = r0 + kGroupRows < M ? r0 + kGroupRows : M;
+    std::vector<float> run((r1 - r0) * wide);
+    if (t < full) {
+      tile_columns<kTileVecs>(x, w, y, run.data(), r0, r1, K, N, t * wide, 0, split);
+    } else if (t < full + narrow) {
+      tile_columns<1>(x, w, y, run.data(), r0, r1, K, N, full * wide + (t - full) * 16, 0, split);
+    } else {
+      tile_columns<0>(x, w, y, run.data(), r0, r1, K, N, N - rest, int(rest), split);
+    }
+  });
+  return ffi::Error::Success();
+}
+
 template <typename W>
 using ChunkFn = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t, int64_t);
 
@@ -140,13 +246,17 @@ ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ff
   if ((kRows ? wd[1] : wd[0]) != K || yd[0] != rows || yd[1] != N)
     return ffi::Error::InvalidArgument("cpu_products: shapes do not match x[M, K] . w = y[M, N]");
   const ChunkFn<W> fn = chunk_fn<kRows, W>(rows);
-  if (fn == nullptr) return ffi::Error::InvalidArgument("cpu_products: 1 to 8 rows");
+  constexpr bool tiled = !kRows && std::is_same_v<W, float>;
+  if (fn == nullptr && !(tiled && rows > kMaxRows))
+    return ffi::Error::InvalidArgument("cpu_products: 1 to 8 rows (more for float32 w [K, N] only)");
   if (K == 0 || N == 0) {
     std::memset(y->typed_data(), 0, sizeof(float) * rows * N);
     return ffi::Error::Success();
   }
   // the split depends on K, N and the pool's size only (never on `rows`): every row's sums run in one order
   const int64_t threads = pool.num_threads() < 1 ? 1 : pool.num_threads();
+  if constexpr (tiled)
+    if (rows > kMaxRows) return Tiled(pool, x.typed_data(), w.typed_data(), y->typed_data(), rows, K, N, threads);
   std::vector<float> wide;
   const float* xs = nullptr;
   if constexpr (std::is_same_v<W, float>) {
@@ -158,8 +268,9 @@ ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ff
   }
   const W* ws = w.typed_data();
   float* out = y->typed_data();
-  const int64_t total = kRows ? N : K, per = (total + threads - 1) / threads;
-  const int64_t size = kRows ? per : (per + kBlock - 1) / kBlock * kBlock, chunks = (total + size - 1) / size;
+  const KSplit split = k_split(K, threads);
+  const int64_t total = kRows ? N : K, size = kRows ? (N + threads - 1) / threads : split.size;
+  const int64_t chunks = (total + size - 1) / size;
   // chunks of N write their own columns of y; chunks of K 1.. write partial sums (chunk 0 writes y), added
   // to y in chunk order after
   std::vector<float> partials(kRows ? 0 : (chunks - 1) * rows * N);
