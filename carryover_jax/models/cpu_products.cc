@@ -1,7 +1,7 @@
-// Few-row products on the CPU for M <= 8 rows (a decode step: an AR step at batch 1 is 1 row, a verification
-// of P + 1 tokens P + 1 rows), float32 or bf16 operands, float32 products, sums and result:
-// y[M, N] = x[M, K] . w[K, N] (a Dense layer's kernel) and y[M, N] = x[M, K] . e[N, K]^T (a tied LM head's
-// [V, d] embedding: each y[m, n] one row of e against x[m]).
+// Products on the CPU for a decode step's few rows (an AR step at batch 1 is 1 row, a verification of P + 1 tokens
+// P + 1 rows; float32 Dense products up to a batch of ~128 rows), float32 or bf16 operands, float32 products, sums
+// and result: y[M, N] = x[M, K] . w[K, N] (a Dense layer's kernel) and y[M, N] = x[M, K] . e[N, K]^T (a tied LM
+// head's [V, d] embedding: each y[m, n] one row of e against x[m]).
 //
 // Why: XLA CPU runs a one-row product as a matrix-vector kernel that streams the weights at the memory's
 // rate, but 2-8 rows as a matrix-matrix kernel that streams them ~1.5-2x slower, so verifying 4 tokens cost
@@ -9,21 +9,23 @@
 // for w [K, N] the K rows are split into contiguous chunks (one per thread of XLA's intra-op pool), each
 // chunk's rows read 8 at a time with software prefetch, and the chunks' partial y summed in chunk order; for
 // e [N, K] the N rows are split into contiguous chunks, read 4 rows at a time with software prefetch, each row
-// once against all M rows of x.
+// once against all M rows of x. That one-pass loop takes 1-8 rows, and 1-32 float32 rows of w [K, N].
 //
-// More rows (float32 w [K, N]: a decode step at batch 9-128, a batch's verification) run as register tiles of 4 rows
-// x 96 columns over panels of 96 rows of w, the next panel prefetched to L2, tiles of columns and groups of rows
-// split over the threads. XLA's dot took 1.45-1.5x the time at 9-16 rows, 1.07-1.1x at 64-128 (SmolLM2's 30 layers'
-// Dense shapes, 2 threads, 2026-12-05): it packs w at every call, where a decode step's w is read once for all rows.
-// From ~256 rows XLA's packed kernel is as fast or faster; `cpu_products.TILED_ROWS` sends those rows to it.
+// More float32 rows of w [K, N] (a decode step at batch 33-128, a batch's verification) run as register tiles of 4
+// rows x 96 columns over panels of 96 rows of w, the next panel prefetched to L2, tiles of columns and groups of rows
+// split over the threads. XLA's dot packs w at every call, where a decode step's w is read once for all rows: it
+// took 1.45-1.5x the kernel's time at 9-16 rows, 1.07-1.1x at 64-128 (SmolLM2's 30 layers' Dense shapes, 2 threads,
+// 2026-12-05). From ~256 rows its packed kernel is as fast or faster; `cpu_products.TILED_ROWS` sends those to it.
 //
 // Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix): for each
 // chunk of K (the split depends on K and the pool's size only) one float32 multiply-add chain in k order, the
 // chunks' sums added in order. So a token's products in a P + 1-row verification equal, bit for bit, its products
 // in a one-row AR step, and a row's products are the same at any batch size.
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu_common.h"
@@ -36,6 +38,9 @@ namespace {
 using namespace carryover;
 
 constexpr int kMaxRows = 8;
+// a float32 Dense product's rows in the one-pass loop (the same loop's 9-32 rows took 0.75-0.93x the tiled loop's
+// time below, with the same sums: SmolLM2's 30 layers, 2 threads, 2026-12-05); above, the tiled loop
+constexpr int kMaxDenseRows = 32;
 // rows of w read together: 8 rather than 4 loads and stores y half as often (SmolLM2's 30 layers' products took
 // 0.90-0.95x the time at 1-8 float32 rows, alternated in one process, 2026-12-04)
 constexpr int kBlock = 8;
@@ -47,7 +52,7 @@ constexpr int kPrefetch = 8;
 // rows of x took 3.9 / 4.6 / 5.2 ms, against 5.0 / 6.0 / 7.3 one row of e at a time without it, and XLA's dot
 // 4.2 / 6.7 / 8.3 (float32, 2 threads, alternated in one process, 2026-12-05)
 constexpr int kRowsAhead = 4;
-// the tiled path (more than kMaxRows rows): 4 x 6 vectors of accumulators, 96 rows of w a panel (4 x 6 over 96 took
+// the tiled path (more than kMaxDenseRows rows): 4 x 6 vectors of accumulators, 96 rows of w a panel (4 x 6 over 96 took
 // 0.80-0.94x the time of 6 x 4, 8 x 3, 3 x 8 or 2 x 12 tiles and of 48- to 128-row panels at 64 rows; prefetching
 // the next panel to L2 0.79x against none: SmolLM2's 30 layers' Dense shapes, 2 threads, 2026-12-05)
 constexpr int kTileRows = 4, kTileVecs = 6, kPanel = 96;
@@ -201,7 +206,7 @@ void tile_columns(const float* x, const float* w, float* y, float* run, int64_t 
   }
 }
 
-// y = x . w for M > kMaxRows float32 rows: tasks of a column tile (16 kTileVecs columns, then 16-column tiles, then
+// y = x . w for M > kMaxDenseRows float32 rows: tasks of a column tile (16 kTileVecs columns, then 16-column tiles, then
 // the last N % 16 columns) by a group of kGroupRows rows, over the threads
 ffi::Error Tiled(ffi::ThreadPool& pool, const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N,
                  int64_t threads) {
@@ -226,13 +231,22 @@ ffi::Error Tiled(ffi::ThreadPool& pool, const float* x, const float* w, float* y
 template <typename W>
 using ChunkFn = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t, int64_t);
 
+template <typename W, std::size_t... I>
+constexpr std::array<ChunkFn<W>, sizeof...(I)> by_k(std::index_sequence<I...>) {
+  return {chunk<W, int(I) + 1>...};
+}
+template <typename W, std::size_t... I>
+constexpr std::array<ChunkFn<W>, sizeof...(I)> by_n(std::index_sequence<I...>) {
+  return {rows_of<W, int(I) + 1>...};
+}
+
+// the one-pass loop for `rows`, or nullptr: 1-8 rows, 1-32 for float32 w [K, N]
 template <bool kRows, typename W>
 ChunkFn<W> chunk_fn(int64_t rows) {
-  static constexpr ChunkFn<W> by_k[kMaxRows] = {chunk<W, 1>, chunk<W, 2>, chunk<W, 3>, chunk<W, 4>,
-                                                chunk<W, 5>, chunk<W, 6>, chunk<W, 7>, chunk<W, 8>};
-  static constexpr ChunkFn<W> by_n[kMaxRows] = {rows_of<W, 1>, rows_of<W, 2>, rows_of<W, 3>, rows_of<W, 4>,
-                                                rows_of<W, 5>, rows_of<W, 6>, rows_of<W, 7>, rows_of<W, 8>};
-  return rows >= 1 && rows <= kMaxRows ? (kRows ? by_n : by_k)[rows - 1] : nullptr;
+  constexpr int most = !kRows && std::is_same_v<W, float> ? kMaxDenseRows : kMaxRows;
+  static constexpr auto table = kRows ? by_n<W>(std::make_index_sequence<most>())
+                                      : by_k<W>(std::make_index_sequence<most>());
+  return rows >= 1 && rows <= most ? table[rows - 1] : nullptr;
 }
 
 // T: the operands' dtype (F32, or BF16: x widened to float once, w as it is read); y is float32 either way.
@@ -247,7 +261,7 @@ ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ff
     return ffi::Error::InvalidArgument("cpu_products: shapes do not match x[M, K] . w = y[M, N]");
   const ChunkFn<W> fn = chunk_fn<kRows, W>(rows);
   constexpr bool tiled = !kRows && std::is_same_v<W, float>;
-  if (fn == nullptr && !(tiled && rows > kMaxRows))
+  if (fn == nullptr && !(tiled && rows > kMaxDenseRows))
     return ffi::Error::InvalidArgument("cpu_products: 1 to 8 rows (more for float32 w [K, N] only)");
   if (K == 0 || N == 0) {
     std::memset(y->typed_data(), 0, sizeof(float) * rows * N);
@@ -256,7 +270,7 @@ ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ff
   // the split depends on K, N and the pool's size only (never on `rows`): every row's sums run in one order
   const int64_t threads = pool.num_threads() < 1 ? 1 : pool.num_threads();
   if constexpr (tiled)
-    if (rows > kMaxRows) return Tiled(pool, x.typed_data(), w.typed_data(), y->typed_data(), rows, K, N, threads);
+    if (rows > kMaxDenseRows) return Tiled(pool, x.typed_data(), w.typed_data(), y->typed_data(), rows, K, N, threads);
   std::vector<float> wide;
   const float* xs = nullptr;
   if constexpr (std::is_same_v<W, float>) {
