@@ -9,9 +9,9 @@
 // for w [K, N] the K rows are split into contiguous chunks (one per thread of XLA's intra-op pool), each
 // chunk's rows read 8 at a time with software prefetch, and the chunks' partial y summed in chunk order; for
 // e [N, K] the N rows are split into contiguous chunks, read 4 rows at a time with software prefetch, each row
-// once against all M rows of x. That one-pass loop takes 1-8 rows, and 1-32 float32 rows of w [K, N].
+// once against all M rows of x. That one-pass loop takes 1-8 rows, and 1-24 float32 rows of w [K, N].
 //
-// More float32 rows of w [K, N] (a decode step at batch 33-128, a batch's verification) run as register tiles of 4
+// More float32 rows of w [K, N] (a decode step at batch 25-128, a batch's verification) run as register tiles of 4
 // rows x 96 columns over panels of 96 rows of w, the next panel prefetched to L2, tiles of columns and groups of rows
 // split over the threads. XLA's dot packs w at every call, where a decode step's w is read once for all rows: it
 // took 1.45-1.5x the kernel's time at 9-16 rows, 1.07-1.1x at 64-128 (SmolLM2's 30 layers' Dense shapes, 2 threads,
@@ -38,9 +38,10 @@ namespace {
 using namespace carryover;
 
 constexpr int kMaxRows = 8;
-// a float32 Dense product's rows in the one-pass loop (the same loop's 9-32 rows took 0.75-0.93x the tiled loop's
-// time below, with the same sums: SmolLM2's 30 layers, 2 threads, 2026-12-05); above, the tiled loop
-constexpr int kMaxDenseRows = 32;
+// a float32 Dense product's rows in the one-pass loop; above, the tiled loop (the same sums either way). In SmolLM2's
+// AR generation the one-pass loop took 0.92x the tiled loop's time at batch 24 and 1.08x at 32 (alternated in one
+// process, 2 threads, 2026-12-05)
+constexpr int kMaxDenseRows = 24;
 // rows of w read together: 8 rather than 4 loads and stores y half as often (SmolLM2's 30 layers' products took
 // 0.90-0.95x the time at 1-8 float32 rows, alternated in one process, 2026-12-04)
 constexpr int kBlock = 8;
@@ -240,7 +241,7 @@ constexpr std::array<ChunkFn<W>, sizeof...(I)> by_n(std::index_sequence<I...>) {
   return {rows_of<W, int(I) + 1>...};
 }
 
-// the one-pass loop for `rows`, or nullptr: 1-8 rows, 1-32 for float32 w [K, N]
+// the one-pass loop for `rows`, or nullptr: 1-8 rows, 1-24 for float32 w [K, N]
 template <bool kRows, typename W>
 ChunkFn<W> chunk_fn(int64_t rows) {
   constexpr int most = !kRows && std::is_same_v<W, float> ? kMaxDenseRows : kMaxRows;

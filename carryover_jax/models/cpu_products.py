@@ -20,12 +20,13 @@ import jax.numpy as jnp
 
 from carryover_jax.models import cpu_kernels
 
-# the most lhs rows the kernel's few-row loops take, per layout: above, XLA's matrix-matrix kernels are faster,
-# except for a float32 Dense product, which the kernel's tiled loop takes up to TILED_ROWS rows: SmolLM2's 30 layers'
-# Dense products took 0.66-0.69x XLA's time at 9-16 rows, 0.90-0.93x at 64-128, the same at 256-384 and 1.05-1.10x at
-# 512-1024 (2 threads, 2026-12-05). bf16 (XLA's AMX / avx512_bf16 dots) and a tied head above 8 rows go to XLA.
+# the most lhs rows the kernel takes, per layout: 1-8 (above, XLA's matrix-matrix kernels are faster), except a
+# float32 Dense product: DENSE_ROWS (9-24 rows by the kernel's one-pass loop, more by its tiled loop). SmolLM2's 30
+# layers' Dense products took 0.66-0.69x XLA's time at 9-16 rows, 0.90-0.93x at 64-128, the same at 256-384 and
+# 1.05-1.10x at 512-1024 (2 threads, 2026-12-05). bf16 (XLA's AMX / avx512_bf16 dots) and a tied head above 8 rows
+# go to XLA.
 MAX_ROWS = {"kn": 8, "nk": 8}
-TILED_ROWS = 128
+DENSE_ROWS = 128
 # the custom calls by (layout, operand dtype): w [K, N] ("kn"), e [N, K] ("nk": a tied head's rows); the
 # names carry a version (a changed kernel gets new ones, so a cached program never calls an older kernel)
 SYMBOLS = {("kn", "float32"): "CarryoverCpuProducts", ("nk", "float32"): "CarryoverCpuProductsRows",
@@ -44,7 +45,7 @@ def available() -> bool:
 def products(x: jax.Array, w: jax.Array, layout: str = "kn") -> jax.Array:
     """x [M, K] . w -> float32 [M, N] by the kernel (CPU only) for 1 <= M <= 8, x and w both float32 or both
     bf16, w [K, N] ("kn") or [N, K] ("nk", a tied head's embedding); and for M > 8, float32 x and w [K, N]
-    (the model sends up to TILED_ROWS rows). Differentiable (the backward pass is XLA's dots); under vmap each
+    (the model sends up to DENSE_ROWS rows). Differentiable (the backward pass is XLA's dots); under vmap each
     example is its own call."""
     if not available():
         raise RuntimeError("the CPU products kernel is unavailable on this machine (see the warning above)")
@@ -70,13 +71,13 @@ products.defvjp(_products_fwd, _products_bwd)
 def layout_of(lhs, rhs, dimension_numbers) -> str | None:
     """"kn" / "nk" for a `dot_general` the kernel computes: float32 or bf16 operands (both the same), a
     [.., K] lhs against a 2-D [K, N] rhs (a Dense layer's kernel) or [N, K] rhs (a tied embedding), no batch
-    dimensions, 1 to MAX_ROWS[layout] lhs rows (float32 "kn": TILED_ROWS); else None."""
+    dimensions, 1 to MAX_ROWS[layout] lhs rows (float32 "kn": DENSE_ROWS); else None."""
     (lc, rc), (lb, rb) = dimension_numbers
     layout = {(0,): "kn", (1,): "nk"}.get(tuple(rc))
     if (layout is None or lhs.dtype != rhs.dtype or lhs.dtype not in (jnp.float32, jnp.bfloat16) or rhs.ndim != 2
             or lhs.ndim < 1 or lb or rb or tuple(lc) != (lhs.ndim - 1,) or 0 in rhs.shape):
         return None
-    most = TILED_ROWS if layout == "kn" and lhs.dtype == jnp.float32 else MAX_ROWS[layout]
+    most = DENSE_ROWS if layout == "kn" and lhs.dtype == jnp.float32 else MAX_ROWS[layout]
     return layout if 1 <= math.prod(lhs.shape[:-1]) <= most else None
 
 

@@ -1,14 +1,17 @@
 """AR generation's decode loop (SmolLM2, greedy, 64 new tokens after a batch of random prompts) with float32 Dense
-products of 9+ rows by the products kernel's tiled loop ("tiled", `cpu_products.TILED_ROWS` = 1,024) against XLA's
-dot ("xla", TILED_ROWS = 8: the program before the tiled loop), both compiled ahead of time in one process, calls
-alternated, and a second "tiled" program as an A/A.
+products of 9-128 rows by the products kernel ("kernel", `cpu_products.DENSE_ROWS` = 128) against XLA's dot ("xla",
+DENSE_ROWS = 8: the program before), both compiled ahead of time in one process, calls alternated, and a second
+"kernel" program as an A/A.
 
-    python ab_generate.py REPS BxPROMPTxMAX_LEN[,...]
+    python ab_generate.py REPS BxPROMPTxMAX_LEN[,...] [OTHER.so]
+
+OTHER.so: another build of `cpu_products.cc` (its compile command: `cpu_kernels.py`), registered under its own
+target names and timed as a fourth arm ("other", with DENSE_ROWS as this checkout's).
 
 Each arm's compiled loop is checked for the kernel calls it should (and should not) make. Prints tokens per second
 of the decode loop (the prefill is shared and untimed), the per-pair time ratios, and how many generated tokens the
 two numerics share (the products' sums differ in order, so a near-tie may flip a greedy token)."""
-import sys, time
+import ctypes, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from carryover_jax.loading import load_target
 from carryover_jax.decode import autoregressive as ar
@@ -21,7 +24,15 @@ assert cp.available()
 target = load_target("smollm2", numerics=Numerics.for_platform("cpu", dtype="float32"))
 cfg, params = target.cfg, target.params
 print(cfg.numerics.describe(), flush=True)
-tiled = cp.TILED_ROWS
+most = cp.DENSE_ROWS
+current = dict(cp.TARGETS)
+arms = [("kernel", most, current), ("xla", 8, current), ("kernel_again", most, current)]
+if len(sys.argv) > 3:
+    lib = ctypes.cdll.LoadLibrary(sys.argv[3])
+    other = {key: f"other_{name}" for key, name in current.items()}
+    for key, symbol in cp.SYMBOLS.items():
+        jax.ffi.register_ffi_target(other[key], jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    arms.append(("other", most, other))
 for spec in specs.split(","):
     b, plen, max_len = map(int, spec.split("x"))
     rng = np.random.default_rng(0)
@@ -31,25 +42,29 @@ for spec in specs.split(","):
     args = lambda: (jax.tree.map(jnp.copy, cache), logits, jax.random.key(0), jnp.zeros((b,)),  # noqa: E731
                     jnp.full((b,), NEW, jnp.int32), jnp.full((8,), -1, jnp.int32))
     comp = {}
-    for label, rows in (("tiled", tiled), ("xla", 8), ("tiled_again", tiled)):
+    for label, rows, names in arms:
         jax.clear_caches()
-        cp.TILED_ROWS = rows
+        cp.DENSE_ROWS = rows
+        cp.TARGETS.clear(); cp.TARGETS.update(names)
         comp[label] = ar.generate_loop.lower(cfg, params, *args(), out_size=NEW).compile()
-        calls = comp[label].as_text().count(f'"{cp.TARGETS["kn", "float32"]}"')
-        assert (calls > 0) == (rows > b >= 9 or rows >= b > 8), (label, calls)
-    cp.TILED_ROWS = tiled
+        calls = comp[label].as_text().count(f'"{names["kn", "float32"]}"')
+        assert (calls > 0) == (rows >= b > 8), (label, calls)
+    cp.DENSE_ROWS = most
+    cp.TARGETS.clear(); cp.TARGETS.update(current)
     outs = {k: np.asarray(c(params, *args()).out) for k, c in comp.items()}
-    assert np.array_equal(outs["tiled"], outs["tiled_again"])
-    same = float(np.mean(outs["tiled"] == outs["xla"]))
+    assert np.array_equal(outs["kernel"], outs["kernel_again"])
+    same = float(np.mean(outs["kernel"] == outs["xla"]))
+    assert "other" not in outs or np.array_equal(outs["kernel"], outs["other"])
     t = {k: [] for k in comp}
     for r in range(REPS):
         for k in (list(comp) if r % 2 == 0 else list(comp)[::-1]):
             a = args(); jax.block_until_ready(a)
             s = time.perf_counter(); jax.block_until_ready(comp[k](params, *a).out); t[k].append(time.perf_counter() - s)
-    ratio = np.array(t["tiled"]) / np.array(t["xla"])
-    aa = np.array(t["tiled_again"]) / np.array(t["tiled"])
+    ratio = np.array(t["kernel"]) / np.array(t["xla"])
+    aa = np.array(t["kernel_again"]) / np.array(t["kernel"])
     print(f"batch {b}, prompts {plen // 2}-{plen}, max_len {max_len}, float32: "
           + ", ".join(f"{k} {b * NEW / np.median(v):.1f} tok/s" for k, v in t.items())
-          + f"; tiled/xla time per pair median {np.median(ratio):.3f} (range {ratio.min():.3f}-{ratio.max():.3f}),"
-          f" A/A {np.median(aa):.3f} ({aa.min():.3f}-{aa.max():.3f}), {REPS} pairs; tokens equal: {same:.1%}",
+          + f"; kernel/xla time per pair median {np.median(ratio):.3f} (range {ratio.min():.3f}-{ratio.max():.3f}),"
+          f" A/A {np.median(aa):.3f} ({aa.min():.3f}-{aa.max():.3f}), {REPS} pairs; tokens equal: {same:.1%}"
+          + (f"; kernel/other {np.median(np.array(t["kernel"]) / np.array(t['other'])):.3f}" if "other" in t else ""),
           flush=True)
