@@ -1,5 +1,5 @@
 // Products on the CPU for a decode step's few rows (an AR step at batch 1 is 1 row, a verification of P + 1 tokens
-// P + 1 rows; float32 Dense products up to a batch of ~128 rows), float32 or bf16 operands, float32 products, sums
+// P + 1 rows; float32 Dense products up to a batch of 64 rows), float32 or bf16 operands, float32 products, sums
 // and result: y[M, N] = x[M, K] . w[K, N] (a Dense layer's kernel) and y[M, N] = x[M, K] . e[N, K]^T (a tied LM
 // head's [V, d] embedding: each y[m, n] one row of e against x[m]).
 //
@@ -11,11 +11,11 @@
 // e [N, K] the N rows are split into contiguous chunks, read 4 rows at a time with software prefetch, each row
 // once against all M rows of x. That one-pass loop takes 1-8 rows, and 1-24 float32 rows of w [K, N].
 //
-// More float32 rows of w [K, N] (a decode step at batch 25-128, a batch's verification) run as register tiles of 4
+// More float32 rows of w [K, N] (a decode step at batch 25-64, a batch's verification) run as register tiles of 4
 // rows x 96 columns over panels of 96 rows of w, the next panel prefetched to L2, tiles of columns and groups of rows
 // split over the threads. XLA's dot packs w at every call, where a decode step's w is read once for all rows: it
 // took 1.45-1.5x the kernel's time at 9-16 rows, 1.07-1.1x at 64-128 (SmolLM2's 30 layers' Dense shapes, 2 threads,
-// 2026-12-05). From ~256 rows its packed kernel is as fast or faster; `cpu_products.TILED_ROWS` sends those to it.
+// 2026-12-05); in a whole decode step it is as fast from ~128 rows, where `cpu_products.DENSE_ROWS` sends them.
 //
 // Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix): for each
 // chunk of K (the split depends on K and the pool's size only) one float32 multiply-add chain in k order, the
@@ -53,8 +53,8 @@ constexpr int kPrefetch = 8;
 // rows of x took 3.9 / 4.6 / 5.2 ms, against 5.0 / 6.0 / 7.3 one row of e at a time without it, and XLA's dot
 // 4.2 / 6.7 / 8.3 (float32, 2 threads, alternated in one process, 2026-12-05)
 constexpr int kRowsAhead = 4;
-// the tiled path (more than kMaxDenseRows rows): 4 x 6 vectors of accumulators, 96 rows of w a panel (4 x 6 over 96 took
-// 0.80-0.94x the time of 6 x 4, 8 x 3, 3 x 8 or 2 x 12 tiles and of 48- to 128-row panels at 64 rows; prefetching
+// the tiled path (more than kMaxDenseRows rows): 4 x 6 vectors of accumulators, 96 rows of w a panel (4 x 6 over 96
+// took 0.80-0.94x the time of 6 x 4, 8 x 3, 3 x 8 or 2 x 12 tiles and of 48- to 128-row panels at 64 rows; prefetching
 // the next panel to L2 0.79x against none: SmolLM2's 30 layers' Dense shapes, 2 threads, 2026-12-05)
 constexpr int kTileRows = 4, kTileVecs = 6, kPanel = 96;
 // rows a task takes, so that a pool of more threads than column tiles has work (16-64 rows a task took the same time
@@ -207,8 +207,8 @@ void tile_columns(const float* x, const float* w, float* y, float* run, int64_t 
   }
 }
 
-// y = x . w for M > kMaxDenseRows float32 rows: tasks of a column tile (16 kTileVecs columns, then 16-column tiles, then
-// the last N % 16 columns) by a group of kGroupRows rows, over the threads
+// y = x . w for M > kMaxDenseRows float32 rows: tasks of a column tile (16 kTileVecs columns, then 16-column tiles,
+// then the last N % 16 columns) by a group of kGroupRows rows, over the threads
 ffi::Error Tiled(ffi::ThreadPool& pool, const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N,
                  int64_t threads) {
   const KSplit split = k_split(K, threads);

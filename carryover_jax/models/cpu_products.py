@@ -21,12 +21,12 @@ import jax.numpy as jnp
 from carryover_jax.models import cpu_kernels
 
 # the most lhs rows the kernel takes, per layout: 1-8 (above, XLA's matrix-matrix kernels are faster), except a
-# float32 Dense product: DENSE_ROWS (9-24 rows by the kernel's one-pass loop, more by its tiled loop). SmolLM2's 30
-# layers' Dense products took 0.66-0.69x XLA's time at 9-16 rows, 0.90-0.93x at 64-128, the same at 256-384 and
-# 1.05-1.10x at 512-1024 (2 threads, 2026-12-05). bf16 (XLA's AMX / avx512_bf16 dots) and a tied head above 8 rows
-# go to XLA.
+# float32 Dense product: DENSE_ROWS (9-24 rows by the kernel's one-pass loop, more by its tiled loop). SmolLM2's AR
+# generation took 0.72x / 0.82x / 0.81x / 0.975x XLA's time at batch 16 / 24 / 32 / 64 and 1.02x at 128
+# (alternated, 2 threads, 2026-12-05: docs/experiments/tiled-products-2026-12-05). bf16 (XLA's AMX / avx512_bf16
+# dots) and a tied head above 8 rows go to XLA.
 MAX_ROWS = {"kn": 8, "nk": 8}
-DENSE_ROWS = 128
+DENSE_ROWS = 64
 # the custom calls by (layout, operand dtype): w [K, N] ("kn"), e [N, K] ("nk": a tied head's rows); the
 # names carry a version (a changed kernel gets new ones, so a cached program never calls an older kernel)
 SYMBOLS = {("kn", "float32"): "CarryoverCpuProducts", ("nk", "float32"): "CarryoverCpuProductsRows",

@@ -1,7 +1,7 @@
 """AR generation's decode loop (SmolLM2, greedy, 64 new tokens after a batch of random prompts) with float32 Dense
-products of 9-128 rows by the products kernel ("kernel", `cpu_products.DENSE_ROWS` = 128) against XLA's dot ("xla",
-DENSE_ROWS = 8: the program before), both compiled ahead of time in one process, calls alternated, and a second
-"kernel" program as an A/A.
+products of 9 to `cpu_products.DENSE_ROWS` rows by the products kernel ("kernel"; DENSE_ROWS was 128 when
+`ab_generate.txt` ran, 64 since) against XLA's dot ("xla", DENSE_ROWS = 8: the program before), both compiled ahead
+of time in one process, calls alternated, and a second "kernel" program as an A/A.
 
     python ab_generate.py REPS BxPROMPTxMAX_LEN[,...] [OTHER.so]
 
@@ -66,5 +66,5 @@ for spec in specs.split(","):
           + ", ".join(f"{k} {b * NEW / np.median(v):.1f} tok/s" for k, v in t.items())
           + f"; kernel/xla time per pair median {np.median(ratio):.3f} (range {ratio.min():.3f}-{ratio.max():.3f}),"
           f" A/A {np.median(aa):.3f} ({aa.min():.3f}-{aa.max():.3f}), {REPS} pairs; tokens equal: {same:.1%}"
-          + (f"; kernel/other {np.median(np.array(t["kernel"]) / np.array(t['other'])):.3f}" if "other" in t else ""),
+          + (f"; kernel/other {np.median(np.array(t['kernel']) / np.array(t['other'])):.3f}" if "other" in t else ""),
           flush=True)
