@@ -1,8 +1,8 @@
-"""The CPU's few-row products kernel (`models/cpu_products.cc`) against float64 numpy, row by row bit for bit
+"""The CPU's decode-step products kernel (`models/cpu_products.cc`) against float64 numpy, row by row bit for bit
 against its own one-row calls (what makes a verified token's logits those of an AR step, at any batch size), its
-gradient and vmap against XLA's dots; where the model lowers it (products of 1-8 rows, float32 Dense products up
-to 1,024 rows, CPU only); AR decoding with it
-against transformers' greedy decoding; and a machine that cannot build it (one warning line, XLA's dot)."""
+gradient and vmap against XLA's dots; where the model lowers it (products of 1-8 rows, float32 ones of up to
+`F32_ROWS`, CPU only); AR decoding with it against transformers' greedy decoding; and a machine that cannot build it
+(one warning line, XLA's dot)."""
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +19,7 @@ from carryover_jax.numerics import Numerics
 pytestmark = pytest.mark.skipif(not cp.available(), reason="no C++ compiler for the CPU kernel")
 
 # K, N: tails of K % 4, N % 16, K < 4, N = 1; for e [N, K] N % 4 (rows of e read 4 at a time), N below the rows
-# prefetched ahead; for float32 w [K, N]'s 9-24-row loop and tiled loop (25+ rows) N = 96 + 2 x 16 + 2 (a full
+# prefetched ahead; for float32's 9-24-row loops and w [K, N]'s tiled loop (25+ rows) N = 96 + 2 x 16 + 2 (a full
 # column tile, two 16-column ones and a tail) with K over one panel (96) in each of its chunks
 SHAPES = ((576, 192), (37, 19), (3, 16), (130, 1), (1536, 576), (64, 7), (250, 130))
 
@@ -37,7 +37,7 @@ def test_products_equal_float64_and_every_row_its_own_one_row_call(layout, dtype
     for k, n in SHAPES:
         w = jnp.asarray(rng.normal(size=(k, n)), dtype)
         wl = w if layout == "kn" else jnp.asarray(w.T)
-        more = (9, 24, 37, 64) if (layout, dtype) == ("kn", "float32") else ()
+        more = {("kn", "float32"): (9, 24, 37, 64), ("nk", "float32"): (9, 16, 24)}.get((layout, dtype), ())
         for m in (1, 2, 4, 5, 8) + more:
             x = jnp.asarray(rng.normal(size=(m, k)), dtype)
             y = _call(x, wl, layout)
@@ -87,11 +87,13 @@ def test_the_model_lowers_the_kernel_only_where_it_applies(tiny_llama):
     for rows in (4, 5, 8):  # a tied head of 1-8 rows: a verification of up to 8 tokens at batch 1
         assert _program(tied, rows).count(cp.TARGETS["nk", "float32"]) == 1, rows
     assert _program(_cfg(tiny_llama, dtype="bfloat16"), 4).count(cp.TARGETS["kn", "bfloat16"]) == 7 * 3 + 1
-    for rows in (9, cp.DENSE_ROWS):  # float32 Dense products of 9+ rows: the kernel; a tied head: XLA's dot
+    most = cp.F32_ROWS  # float32 above 8 rows: a batch's decode step
+    for rows in (9, most["nk"], most["nk"] + 1, most["kn"]):
         assert _program(stream, rows).count(cp.TARGETS["kn", "float32"]) == 7 * 3 + 1, rows
         text = _program(tied, rows)
-        assert text.count(cp.TARGETS["kn", "float32"]) == 7 * 3 and cp.TARGETS["nk", "float32"] not in text, rows
-    for cfg, rows, platform in ((stream, cp.DENSE_ROWS + 1, "cpu"),  # more rows than it takes: XLA's kernel
+        assert text.count(cp.TARGETS["kn", "float32"]) == 7 * 3, rows
+        assert text.count(cp.TARGETS["nk", "float32"]) == (rows <= most["nk"]), rows
+    for cfg, rows, platform in ((stream, most["kn"] + 1, "cpu"),  # more rows than it takes: XLA's kernel
                                 (_cfg(tiny_llama, dtype="bfloat16"), 9, "cpu"),  # bf16 above 8 rows: XLA's
                                 (_cfg(tiny_llama, decode_products="xla"), 4, "cpu"),
                                 (_cfg(tiny_llama, dtype="float16"), 4, "cpu"),  # no float16 kernel

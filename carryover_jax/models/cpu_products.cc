@@ -9,13 +9,13 @@
 // for w [K, N] the K rows are split into contiguous chunks (one per thread of XLA's intra-op pool), each
 // chunk's rows read 8 at a time with software prefetch, and the chunks' partial y summed in chunk order; for
 // e [N, K] the N rows are split into contiguous chunks, read 4 rows at a time with software prefetch, each row
-// once against all M rows of x. That one-pass loop takes 1-8 rows, and 1-24 float32 rows of w [K, N].
+// once against all M rows of x. Those one-pass loops take 1-8 rows, and 1-24 float32 rows.
 //
 // More float32 rows of w [K, N] (a decode step at batch 25-64, a batch's verification) run as register tiles of 4
 // rows x 96 columns over panels of 96 rows of w, the next panel prefetched to L2, tiles of columns and groups of rows
 // split over the threads. XLA's dot packs w at every call, where a decode step's w is read once for all rows: it
 // took 1.45-1.5x the kernel's time at 9-16 rows, 1.07-1.1x at 64-128 (SmolLM2's 30 layers' Dense shapes, 2 threads,
-// 2026-12-05); in a whole decode step it is as fast from ~128 rows, where `cpu_products.DENSE_ROWS` sends them.
+// 2026-12-05); in a whole decode step it is as fast from ~128 rows, which `cpu_products.F32_ROWS` sends to it.
 //
 // Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix): for each
 // chunk of K (the split depends on K and the pool's size only) one float32 multiply-add chain in k order, the
@@ -38,10 +38,10 @@ namespace {
 using namespace carryover;
 
 constexpr int kMaxRows = 8;
-// a float32 Dense product's rows in the one-pass loop; above, the tiled loop (the same sums either way). In SmolLM2's
-// AR generation the one-pass loop took 0.92x the tiled loop's time at batch 24 and 1.08x at 32 (alternated in one
-// process, 2 threads, 2026-12-05)
-constexpr int kMaxDenseRows = 24;
+// float32 rows in the one-pass loops; above, w [K, N] goes to the tiled loop (the same sums either way: in SmolLM2's
+// AR generation the one-pass loop took 0.92x the tiled loop's time at batch 24 and 1.08x at 32, alternated in one
+// process, 2 threads, 2026-12-05), and e [N, K] is refused
+constexpr int kMaxF32Rows = 24;
 // rows of w read together: 8 rather than 4 loads and stores y half as often (SmolLM2's 30 layers' products took
 // 0.90-0.95x the time at 1-8 float32 rows, alternated in one process, 2026-12-04)
 constexpr int kBlock = 8;
@@ -53,7 +53,7 @@ constexpr int kPrefetch = 8;
 // rows of x took 3.9 / 4.6 / 5.2 ms, against 5.0 / 6.0 / 7.3 one row of e at a time without it, and XLA's dot
 // 4.2 / 6.7 / 8.3 (float32, 2 threads, alternated in one process, 2026-12-05)
 constexpr int kRowsAhead = 4;
-// the tiled path (more than kMaxDenseRows rows): 4 x 6 vectors of accumulators, 96 rows of w a panel (4 x 6 over 96
+// the tiled path (more than kMaxF32Rows rows): 4 x 6 vectors of accumulators, 96 rows of w a panel (4 x 6 over 96
 // took 0.80-0.94x the time of 6 x 4, 8 x 3, 3 x 8 or 2 x 12 tiles and of 48- to 128-row panels at 64 rows; prefetching
 // the next panel to L2 0.79x against none: SmolLM2's 30 layers' Dense shapes, 2 threads, 2026-12-05)
 constexpr int kTileRows = 4, kTileVecs = 6, kPanel = 96;
@@ -123,16 +123,17 @@ void rows_block(const float* x, const W* e, float* y, int64_t K, int64_t N, int6
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) {
       float s = sum(acc[r][m]);
-      for (int64_t k = K16; k < K; ++k) s += x[m * K + k] * value(e[(n + r) * K + k]);
+      for (int64_t k = K16; k < K; ++k) s = madd(x[m * K + k], value(e[(n + r) * K + k]), s);
       y[m * N + n + r] = s;
     }
 }
 
-// y[:, n0:n1] = x . e[n0:n1, :]^T, 4 rows of e at a time: at 8 rows of x one row of e at a time took 1.11x the
-// time, 2 rows 1.07x (float32, from memory, alternated, 2026-12-05)
+// y[:, n0:n1] = x . e[n0:n1, :]^T, 4 rows of e at a time up to 8 rows of x (at 8 rows one row of e at a time took
+// 1.11x the time, 2 rows 1.07x: float32, from memory, alternated, 2026-12-05), one at a time above (R x M
+// accumulators stay within the 32 vector registers)
 template <typename W, int M>
 void rows_of(const float* x, const W* e, float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
-  constexpr int R = 4;
+  constexpr int R = M <= kMaxRows ? 4 : 1;
   int64_t n = n0;
   for (; n + R <= n1; n += R) rows_block<W, M, R>(x, e, y, K, N, n, n + kRowsAhead + R <= N);
   for (; n < n1; ++n) rows_block<W, M, 1>(x, e, y, K, N, n, false);
@@ -207,7 +208,7 @@ void tile_columns(const float* x, const float* w, float* y, float* run, int64_t 
   }
 }
 
-// y = x . w for M > kMaxDenseRows float32 rows: tasks of a column tile (16 kTileVecs columns, then 16-column tiles,
+// y = x . w for M > kMaxF32Rows float32 rows: tasks of a column tile (16 kTileVecs columns, then 16-column tiles,
 // then the last N % 16 columns) by a group of kGroupRows rows, over the threads
 ffi::Error Tiled(ffi::ThreadPool& pool, const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N,
                  int64_t threads) {
@@ -241,10 +242,10 @@ constexpr std::array<ChunkFn<W>, sizeof...(I)> by_n(std::index_sequence<I...>) {
   return {rows_of<W, int(I) + 1>...};
 }
 
-// the one-pass loop for `rows`, or nullptr: 1-8 rows, 1-24 for float32 w [K, N]
+// the one-pass loop for `rows`, or nullptr: 1-8 rows, 1-24 float32 ones
 template <bool kRows, typename W>
 ChunkFn<W> chunk_fn(int64_t rows) {
-  constexpr int most = !kRows && std::is_same_v<W, float> ? kMaxDenseRows : kMaxRows;
+  constexpr int most = std::is_same_v<W, float> ? kMaxF32Rows : kMaxRows;
   static constexpr auto table = kRows ? by_n<W>(std::make_index_sequence<most>())
                                       : by_k<W>(std::make_index_sequence<most>());
   return rows >= 1 && rows <= most ? table[rows - 1] : nullptr;
@@ -262,8 +263,8 @@ ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ff
     return ffi::Error::InvalidArgument("cpu_products: shapes do not match x[M, K] . w = y[M, N]");
   const ChunkFn<W> fn = chunk_fn<kRows, W>(rows);
   constexpr bool tiled = !kRows && std::is_same_v<W, float>;
-  if (fn == nullptr && !(tiled && rows > kMaxDenseRows))
-    return ffi::Error::InvalidArgument("cpu_products: 1 to 8 rows (more for float32 w [K, N] only)");
+  if (fn == nullptr && !(tiled && rows > kMaxF32Rows))
+    return ffi::Error::InvalidArgument("cpu_products: 1 to 8 rows, 24 in float32, any in float32 w [K, N]");
   if (K == 0 || N == 0) {
     std::memset(y->typed_data(), 0, sizeof(float) * rows * N);
     return ffi::Error::Success();
@@ -271,7 +272,7 @@ ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ff
   // the split depends on K, N and the pool's size only (never on `rows`): every row's sums run in one order
   const int64_t threads = pool.num_threads() < 1 ? 1 : pool.num_threads();
   if constexpr (tiled)
-    if (rows > kMaxDenseRows) return Tiled(pool, x.typed_data(), w.typed_data(), y->typed_data(), rows, K, N, threads);
+    if (rows > kMaxF32Rows) return Tiled(pool, x.typed_data(), w.typed_data(), y->typed_data(), rows, K, N, threads);
   std::vector<float> wide;
   const float* xs = nullptr;
   if constexpr (std::is_same_v<W, float>) {

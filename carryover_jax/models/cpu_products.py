@@ -20,13 +20,13 @@ import jax.numpy as jnp
 
 from carryover_jax.models import cpu_kernels
 
-# the most lhs rows the kernel takes, per layout: 1-8 (above, XLA's matrix-matrix kernels are faster), except a
-# float32 Dense product: DENSE_ROWS (9-24 rows by the kernel's one-pass loop, more by its tiled loop). SmolLM2's AR
-# generation took 0.72x / 0.82x / 0.81x / 0.975x XLA's time at batch 16 / 24 / 32 / 64 and 1.02x at 128
-# (alternated, 2 threads, 2026-12-05: docs/experiments/tiled-products-2026-12-05). bf16 (XLA's AMX / avx512_bf16
-# dots) and a tied head above 8 rows go to XLA.
+# the most lhs rows the kernel takes, per layout: 1-8 in bf16 (above, XLA's AMX / avx512_bf16 dots), and in
+# float32 F32_ROWS: a Dense product's 9-24 rows by the kernel's one-pass loop, 25-64 by its tiled loop (SmolLM2's AR
+# generation took 0.72x / 0.82x / 0.81x / 0.975x XLA's time at batch 16 / 24 / 32 / 64 and 1.02x at 128, alternated,
+# 2 threads, 2026-12-05: docs/experiments/tiled-products-2026-12-05), and a tied head's 9-16 rows one row of e at a
+# time (generation at batch 16 0.91x the time of XLA's head, at 24 1.08x)
 MAX_ROWS = {"kn": 8, "nk": 8}
-DENSE_ROWS = 64
+F32_ROWS = {"kn": 64, "nk": 16}
 # the custom calls by (layout, operand dtype): w [K, N] ("kn"), e [N, K] ("nk": a tied head's rows); the
 # names carry a version (a changed kernel gets new ones, so a cached program never calls an older kernel)
 SYMBOLS = {("kn", "float32"): "CarryoverCpuProducts", ("nk", "float32"): "CarryoverCpuProductsRows",
@@ -44,8 +44,8 @@ def available() -> bool:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def products(x: jax.Array, w: jax.Array, layout: str = "kn") -> jax.Array:
     """x [M, K] . w -> float32 [M, N] by the kernel (CPU only) for 1 <= M <= 8, x and w both float32 or both
-    bf16, w [K, N] ("kn") or [N, K] ("nk", a tied head's embedding); and for M > 8, float32 x and w [K, N]
-    (the model sends up to DENSE_ROWS rows). Differentiable (the backward pass is XLA's dots); under vmap each
+    bf16, w [K, N] ("kn") or [N, K] ("nk", a tied head's embedding); in float32 also 9-24 rows, and any number
+    against w [K, N] (the model sends up to F32_ROWS[layout] rows). Differentiable (the backward pass is XLA's dots); under vmap each
     example is its own call."""
     if not available():
         raise RuntimeError("the CPU products kernel is unavailable on this machine (see the warning above)")
@@ -71,13 +71,13 @@ products.defvjp(_products_fwd, _products_bwd)
 def layout_of(lhs, rhs, dimension_numbers) -> str | None:
     """"kn" / "nk" for a `dot_general` the kernel computes: float32 or bf16 operands (both the same), a
     [.., K] lhs against a 2-D [K, N] rhs (a Dense layer's kernel) or [N, K] rhs (a tied embedding), no batch
-    dimensions, 1 to MAX_ROWS[layout] lhs rows (float32 "kn": DENSE_ROWS); else None."""
+    dimensions, 1 to MAX_ROWS[layout] lhs rows (float32: F32_ROWS[layout]); else None."""
     (lc, rc), (lb, rb) = dimension_numbers
     layout = {(0,): "kn", (1,): "nk"}.get(tuple(rc))
     if (layout is None or lhs.dtype != rhs.dtype or lhs.dtype not in (jnp.float32, jnp.bfloat16) or rhs.ndim != 2
             or lhs.ndim < 1 or lb or rb or tuple(lc) != (lhs.ndim - 1,) or 0 in rhs.shape):
         return None
-    most = DENSE_ROWS if layout == "kn" and lhs.dtype == jnp.float32 else MAX_ROWS[layout]
+    most = (F32_ROWS if lhs.dtype == jnp.float32 else MAX_ROWS)[layout]
     return layout if 1 <= math.prod(lhs.shape[:-1]) <= most else None
 
 
