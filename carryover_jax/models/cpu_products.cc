@@ -54,8 +54,9 @@ constexpr int kPrefetch = 8;
 // 4.2 / 6.7 / 8.3 (float32, 2 threads, alternated in one process, 2026-12-05)
 constexpr int kRowsAhead = 4;
 // the tiled path (more than kMaxF32Rows rows): 4 x 6 vectors of accumulators, 96 rows of w a panel (4 x 6 over 96
-// took 0.80-0.94x the time of 6 x 4, 8 x 3, 3 x 8 or 2 x 12 tiles and of 48- to 128-row panels at 64 rows; prefetching
-// the next panel to L2 0.79x against none: SmolLM2's 30 layers' Dense shapes, 2 threads, 2026-12-05)
+// took 0.63-0.97x the time of 6 x 4, 8 x 3, 3 x 8 or 2 x 12 tiles and of 48- to 192-row panels at 64 rows; prefetching
+// the next panel to L2 0.87-0.92x against none: SmolLM2's 30 layers' Dense shapes, 2 threads, 2026-12-05,
+// docs/experiments/tiled-products-2026-12-05/tile_variants.cc)
 constexpr int kTileRows = 4, kTileVecs = 6, kPanel = 96;
 // rows a task takes, so that a pool of more threads than column tiles has work (16-64 rows a task took the same time
 // as one task a column tile at 16-128 rows on 2 threads)
