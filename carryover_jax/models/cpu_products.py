@@ -45,8 +45,8 @@ def available() -> bool:
 def products(x: jax.Array, w: jax.Array, layout: str = "kn") -> jax.Array:
     """x [M, K] . w -> float32 [M, N] by the kernel (CPU only) for 1 <= M <= 8, x and w both float32 or both
     bf16, w [K, N] ("kn") or [N, K] ("nk", a tied head's embedding); in float32 also 9-24 rows, and any number
-    against w [K, N] (the model sends up to F32_ROWS[layout] rows). Differentiable (the backward pass is XLA's dots); under vmap each
-    example is its own call."""
+    against w [K, N] (the model sends up to F32_ROWS[layout] rows). Differentiable (the backward pass is XLA's
+    dots); under vmap each example is its own call."""
     if not available():
         raise RuntimeError("the CPU products kernel is unavailable on this machine (see the warning above)")
     n = w.shape[1] if layout == "kn" else w.shape[0]
