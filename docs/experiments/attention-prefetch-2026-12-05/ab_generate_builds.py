@@ -12,10 +12,10 @@ OTHER.so: a library built from another `cpu_attention.cc`, e.g. the one before 2
 registered under its own target names (`current` as OTHER.so: an A/A). Both arms must give the same tokens; each
 arm's compiled loop is checked for the kernel names it calls. Prints tokens per second of the decode loop (the
 prefill is shared and untimed) and the per-pair time ratio current / other."""
-import ctypes, sys, time
-import jax, jax.numpy as jnp, numpy as np
+import ctypes, sys
+import jax, numpy as np
 from carryover_jax.loading import load_target
-from carryover_jax.decode import autoregressive as ar
+from gen_ab import alternated, compile_loop, prefilled
 from carryover_jax.models import cpu_attention as ca, cpu_kernels
 from carryover_jax.numerics import Numerics
 
@@ -33,27 +33,18 @@ cfg, params = target.cfg, target.params
 print(cfg.numerics.describe(), flush=True)
 for spec in specs.split(","):
     b, plen, max_len = map(int, spec.split("x"))
-    rng = np.random.default_rng(0)
-    toks = jnp.asarray(rng.integers(100, 40000, (b, plen)), jnp.int32)
-    lens = jnp.asarray(rng.integers(plen // 2, plen + 1, (b,)), jnp.int32)  # rows of different lengths
-    cache, logits = ar.prefill(cfg, params, toks, lens, max_len=max_len)
-    args = lambda: (jax.tree.map(jnp.copy, cache), logits, jax.random.key(0), jnp.zeros((b,)),  # noqa: E731
-                    jnp.full((b,), NEW, jnp.int32), jnp.full((8,), -1, jnp.int32))
+    args = prefilled(cfg, params, b, plen, max_len, NEW)
     comp = {}
     for label, names in (("current", current), ("other", other)):
         jax.clear_caches()
         ca.TARGETS.clear(); ca.TARGETS.update(names)
-        comp[label] = ar.generate_loop.lower(cfg, params, *args(), out_size=NEW).compile()
+        comp[label] = compile_loop(cfg, params, args, NEW)
         text, rest = comp[label].as_text(), other if label == "current" else current
         assert any(t in text for t in names.values()) and not any(f'"{t}"' in text for t in rest.values()), label
     ca.TARGETS.clear(); ca.TARGETS.update(current)
     outs = {k: np.asarray(c(params, *args()).out) for k, c in comp.items()}
     same = bool(np.array_equal(outs["current"], outs["other"]))
-    t = {k: [] for k in comp}
-    for r in range(REPS):
-        for k in (list(comp) if r % 2 == 0 else list(comp)[::-1]):
-            a = args(); jax.block_until_ready(a)
-            s = time.perf_counter(); jax.block_until_ready(comp[k](params, *a).out); t[k].append(time.perf_counter() - s)
+    t = alternated(comp, params, args, REPS)
     ratio = np.array(t["current"]) / np.array(t["other"])
     print(f"batch {b}, prompts {plen // 2}-{plen}, max_len {max_len}, {dtype}: "
           + ", ".join(f"{k} {b * NEW / np.median(v):.1f} tok/s" for k, v in t.items())

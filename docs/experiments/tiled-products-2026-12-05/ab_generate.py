@@ -13,12 +13,13 @@ Each arm's compiled loop is checked for the kernel calls it should (and should n
 of the decode loop (the prefill is shared and untimed), the per-pair time ratios, and how many generated tokens the
 kernel and XLA's dots share (their sums differ in order, so a near-tie may flip a greedy token). `ab_generate.txt`
 ran before the head's rows (arms "kernel" = Dense products of up to 128 rows, "xla", "kernel_again")."""
-import ctypes, sys, time
-import jax, jax.numpy as jnp, numpy as np
+import ctypes, os, sys
+import jax, numpy as np
 from carryover_jax.loading import load_target
-from carryover_jax.decode import autoregressive as ar
 from carryover_jax.models import cpu_products as cp
 from carryover_jax.numerics import Numerics
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "attention-prefetch-2026-12-05"))
+from gen_ab import alternated, compile_loop, prefilled  # noqa: E402
 
 REPS, specs = int(sys.argv[1]), sys.argv[2]
 NEW = 64
@@ -38,18 +39,13 @@ if len(sys.argv) > 3:
     arms.append(("other", most, other))
 for spec in specs.split(","):
     b, plen, max_len = map(int, spec.split("x"))
-    rng = np.random.default_rng(0)
-    toks = jnp.asarray(rng.integers(100, 40000, (b, plen)), jnp.int32)
-    lens = jnp.asarray(rng.integers(plen // 2, plen + 1, (b,)), jnp.int32)  # rows of different lengths
-    cache, logits = ar.prefill(cfg, params, toks, lens, max_len=max_len)
-    args = lambda: (jax.tree.map(jnp.copy, cache), logits, jax.random.key(0), jnp.zeros((b,)),  # noqa: E731
-                    jnp.full((b,), NEW, jnp.int32), jnp.full((8,), -1, jnp.int32))
+    args = prefilled(cfg, params, b, plen, max_len, NEW)
     comp = {}
     for label, rows, names in arms:
         jax.clear_caches()
         cp.F32_ROWS.update(rows)
         cp.TARGETS.clear(); cp.TARGETS.update(names)
-        comp[label] = ar.generate_loop.lower(cfg, params, *args(), out_size=NEW).compile()
+        comp[label] = compile_loop(cfg, params, args, NEW)
         text = comp[label].as_text()
         for layout in ("kn", "nk"):
             assert (f'"{names[layout, "float32"]}"' in text) == (rows[layout] >= b), (label, layout)
@@ -59,11 +55,7 @@ for spec in specs.split(","):
     assert np.array_equal(outs["kernel"], outs["kernel_again"])
     same = float(np.mean(outs["kernel"] == outs["xla"]))
     assert "other" not in outs or np.array_equal(outs["kernel"], outs["other"])
-    t = {k: [] for k in comp}
-    for r in range(REPS):
-        for k in (list(comp) if r % 2 == 0 else list(comp)[::-1]):
-            a = args(); jax.block_until_ready(a)
-            s = time.perf_counter(); jax.block_until_ready(comp[k](params, *a).out); t[k].append(time.perf_counter() - s)
+    t = alternated(comp, params, args, REPS)
     ratio = np.array(t["kernel"]) / np.array(t["xla"])
     aa = np.array(t["kernel_again"]) / np.array(t["kernel"])
     head = np.array(t["kernel"]) / np.array(t["dense"])
