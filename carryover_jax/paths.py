@@ -40,7 +40,8 @@ def name_or_path(s: str) -> str:
 
 def resolve_config_paths(cfg):
     """A TrainConfig with every path field absolute: target / data.source when they are paths (not an
-    alias / `sharegpt`), init_from, out_dir, data.store."""
-    data = dataclasses.replace(cfg.data, store=user_path(cfg.data.store), source=name_or_path(cfg.data.source))
+    alias / `sharegpt`), init_from, out_dir, data.store and data.extra_stores."""
+    data = dataclasses.replace(cfg.data, store=user_path(cfg.data.store), source=name_or_path(cfg.data.source),
+                               extra_stores=tuple(user_path(p) for p in cfg.data.extra_stores))
     return cfg.replace(target=name_or_path(cfg.target), out_dir=user_path(cfg.out_dir), data=data,
                        init_from=None if cfg.init_from is None else user_path(cfg.init_from))

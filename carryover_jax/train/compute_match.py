@@ -80,7 +80,7 @@ def probe_step_times(dvd: TrainConfig, control: TrainConfig, *, steps: int = 6,
         raise TrainingError(f"probe_step_times compares a loss.mode=dvd and a loss.mode=control config, got "
                             f"{dvd.loss.mode} and {control.loss.mode}")
     dvd = dvd.with_loss(off_metrics=False)
-    store = open_store(dvd.data.store)
+    store = open_store(dvd.data.store, dvd.data.extra_stores)
     numerics = dvd.run_numerics()  # as `train` runs them
     target = load_target(dvd.target, numerics=numerics,
                          tokenizer=dvd.init_from is None and dvd.drafter.mask_token_id is None)
@@ -125,7 +125,9 @@ def dvd_total_steps(dvd: TrainConfig) -> int:
     """DVD's step count (its `epochs` resolved against its store, as `train` does)."""
     from carryover_jax.train.loop import total_steps
 
-    return dvd.steps if dvd.epochs is None else total_steps(dvd, len(open_store(dvd.data.store)))
+    if dvd.epochs is None:
+        return dvd.steps
+    return total_steps(dvd, len(open_store(dvd.data.store, dvd.data.extra_stores)))
 
 
 def resolve_compute_control(control: TrainConfig, dvd: TrainConfig, out_dir: str | Path, *,

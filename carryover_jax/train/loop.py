@@ -49,7 +49,9 @@ def build_drafter(cfg: TrainConfig, target, store=None):
     default = None if cfg.drafter.mask_token_id is not None else default_mask_token_id(target)
     vocab = ()
     if cfg.drafter.draft_vocab_size:
-        counts = token_counts(store if store is not None else open_store(cfg.data.store), target.cfg.vocab_size)
+        if store is None:
+            store = open_store(cfg.data.store, cfg.data.extra_stores)
+        counts = token_counts(store, target.cfg.vocab_size)
         vocab, coverage = draft_vocabulary(counts, cfg.drafter.draft_vocab_size, tuple(target.stop_token_ids))
         if is_main():
             print(f"train: draft vocabulary of {len(vocab)} tokens covers {coverage:.1%} of the supervised "
@@ -137,7 +139,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, stop_at_step: int | None =
 
 def _train(cfg: TrainConfig, out: Path, *, progress: bool, stop_at_step: int | None,
            on_batch: Callable[[int, dict], None] | None) -> dict[str, Any]:
-    store = open_store(cfg.data.store)  # one store, or all shards of a sharded one
+    store = open_store(cfg.data.store, cfg.data.extra_stores)  # a store (all shards of a sharded one), + extras
     if len(store) == 0:
         raise CarryoverError(f"response store {cfg.data.store} has no records: run `carryover prepare` first")
     numerics = cfg.run_numerics()  # this platform's defaults under the config's choices

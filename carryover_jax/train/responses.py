@@ -3,8 +3,9 @@ append them, token by token as generated, to a `ResponseStore` (optionally with 
 
 A drafter must learn the target's own distribution, so each conversation is replayed turn by turn:
 the target answers user turn k given the system turn, user turns 1..k and its own earlier replies
-(the source's assistant turns are dropped). One record per conversation holds the whole replayed
-sequence, built incrementally: the first prompt is `Target.encode(system + user 1)`; each generated
+(the source's assistant turns are dropped). One record per prompt (`sources.turn_prompts`: a conversation's
+first user turn, or with `prompt_turns` a later one, whose earlier turns stay the source's) holds the whole
+replayed sequence, built incrementally: the first prompt is `Target.encode(conversation.prompt)`; each generated
 reply is appended verbatim (loss mask 1, stop token included); the chat-template text between a reply
 and the next generation prompt is rendered, tokenized separately (no special tokens) and appended with
 loss mask 0. A greedy record is therefore exactly the target's greedy continuation of its prefix.
@@ -49,9 +50,9 @@ SENTINEL = "CARRYOVERxREPLYx7f3a9c"
 SORT_WINDOW = 8  # batches whose conversations are sorted by prompt length together
 # DataConfig fields that change what a store contains; a store reopened with other values is refused.
 # (max_prompts may grow between runs to extend a store; gen_batch_size / gen_memory_gb only group the work.)
-CONTENT_FIELDS = ("source", "split", "heldout_per_mille", "responses", "max_turns", "max_prompt_tokens",
-                  "max_new_tokens", "temperature", "top_p", "top_k", "seed", "store_features", "feature_layer_ids",
-                  "store_kv", "min_loss_tokens")
+CONTENT_FIELDS = ("source", "split", "heldout_per_mille", "prompt_turns", "responses", "max_turns",
+                  "max_prompt_tokens", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "store_features",
+                  "feature_layer_ids", "store_kv", "min_loss_tokens")
 
 
 def store_meta(cfg: DataConfig, target) -> dict[str, Any]:
@@ -116,7 +117,7 @@ class Plan:
         for conv in conversations(cfg):
             if cfg.max_prompts is not None and n >= cfg.max_prompts:
                 break
-            ids = self.target.encode(conv.messages[: 2 if conv.system else 1])
+            ids = self.target.encode(conv.prompt)
             if len(ids) > cfg.max_prompt_tokens:
                 continue
             if n % self.num_shards == self.shard:
@@ -172,7 +173,7 @@ def _seed(cfg: DataConfig, batch_index: int, turn: int) -> int:
 def _replay_batch(cfg: DataConfig, target, batch: list[tuple[Conversation, list[int]]], batch_index: int):
     tok, stops = target.tokenizer, set(target.stop_token_ids)
     states = [
-        _Replay(conv.id, conv.user_turns, conv.messages[: 2 if conv.system else 1], list(ids), [0] * len(ids))
+        _Replay(conv.id, conv.user_turns, conv.prompt, list(ids), [0] * len(ids))
         for conv, ids in batch
     ]
     for turn in range(cfg.max_turns):
@@ -222,8 +223,8 @@ def _source_batch(cfg: DataConfig, target, batch: list[tuple[Conversation, list[
     stop_text = tok.decode(stop, skip_special_tokens=False) if stop else None
     records, skipped = [], []
     for conv, ids in batch:
-        start = 2 if conv.system else 1  # system? + the first user turn: the encoded prompt `ids`
-        history = list(conv.messages[:start])
+        history = conv.prompt  # the encoded prompt `ids`
+        start = len(history)
         seq, mask, turns, ended = list(ids), [0] * len(ids), 0, False
         for m in conv.messages[start:]:
             if turns >= cfg.max_turns and m["role"] == "user":
@@ -336,7 +337,7 @@ def _fill(cfg: DataConfig, target, folder: Path, *, progress: bool, stop_after_b
         folder, feature_dim=len(cfg.feature_layer_ids) * d if feats else None, hidden=d if feats else None,
         kv_dim=kv_width(target.cfg) if cfg.store_kv else None, kv_dtype=cfg.store_kv, target_lse=feats, meta=meta,
         meta_defaults={"target_config": target_config_defaults(),
-                       "data": {"responses": "regenerate", "store_kv": None}},
+                       "data": {"responses": "regenerate", "store_kv": None, "prompt_turns": "first"}},
         indexed=True,
     )
     done = store.done_ids()

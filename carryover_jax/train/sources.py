@@ -9,6 +9,11 @@ Sources:
 Messages are ``{"role": "system" | "user" | "assistant", "content": str}``. Every conversation is
 normalised the same way: an optional leading system turn, then turns starting with a user turn.
 Iteration order is the file order, so everything downstream is deterministic.
+
+Which user turns become prompts (`data.prompt_turns`): ``"first"``, one prompt per conversation (its first
+user turn); ``"later"``, one per later user turn k >= 2, asked with the source's earlier turns verbatim as
+context (id ``"<conversation id>#k"``), so a second store adds prompts the first one does not hold; ``"all"``,
+both. The train/held-out split is by conversation, so a held-out conversation gives no prompt at all.
 """
 
 from __future__ import annotations
@@ -33,18 +38,40 @@ SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "chatgpt": "assistant", "
                   "bard": "assistant", "system": "system"}
 
 
+PROMPT_TURNS = ("first", "later", "all")
+
+
 @dataclasses.dataclass
 class Conversation:
     id: str
     messages: list[dict[str, str]]
+    # messages[:prompt_end] are the first prompt (a user turn ends it); 0: the system turn and the first user turn
+    prompt_end: int = 0
 
     @property
     def system(self) -> dict[str, str] | None:
         return self.messages[0] if self.messages[0]["role"] == "system" else None
 
     @property
+    def prompt(self) -> list[dict[str, str]]:
+        """The first prompt's messages: context (system, earlier turns as the source has them) + a user turn."""
+        return self.messages[: self.prompt_end or (2 if self.system else 1)]
+
+    @property
     def user_turns(self) -> list[str]:
-        return [m["content"] for m in self.messages if m["role"] == "user"]
+        """The user turns to answer: the prompt's own and every later one."""
+        return [m["content"] for m in self.messages[len(self.prompt) - 1:] if m["role"] == "user"]
+
+
+def turn_prompts(conv: Conversation, which: str) -> Iterator[Conversation]:
+    """`conv` as the prompts `which` (`PROMPT_TURNS`) asks for, in turn order."""
+    if which not in PROMPT_TURNS:
+        raise CarryoverError(f"unknown prompt_turns {which!r}; use {' | '.join(PROMPT_TURNS)}")
+    users = [i for i, m in enumerate(conv.messages) if m["role"] == "user"]
+    for k, i in enumerate(users):
+        if (k == 0 and which == "later") or (k > 0 and which == "first"):
+            continue
+        yield conv if k == 0 else Conversation(f"{conv.id}#{k + 1}", conv.messages, prompt_end=i + 1)
 
 
 def normalize(messages: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -238,8 +265,9 @@ def is_heldout(conversation_id: str, heldout_per_mille: int) -> bool:
 
 
 def conversations(cfg) -> Iterator[Conversation]:
-    """The conversations of `cfg.split` ("train" or "heldout") of `cfg.source`, in source order.
-    (`cfg.max_prompts` is applied by `prepare_responses`, after its prompt-length filter.)"""
+    """The prompts (`cfg.prompt_turns`) of the conversations of `cfg.split` ("train" or "heldout") of
+    `cfg.source`, in source order. (`cfg.max_prompts` is applied by `prepare_responses`, after its
+    prompt-length filter.)"""
     if cfg.split not in ("train", "heldout"):
         raise CarryoverError(f"unknown split {cfg.split!r}; use train or heldout")
     if not 0 <= cfg.heldout_per_mille <= 1000:
@@ -247,4 +275,4 @@ def conversations(cfg) -> Iterator[Conversation]:
     want = cfg.split == "heldout"
     for conv in iter_source(cfg.source):
         if is_heldout(conv.id, cfg.heldout_per_mille) == want:
-            yield conv
+            yield from turn_prompts(conv, cfg.prompt_turns)

@@ -533,9 +533,11 @@ def shard_path(root: str | os.PathLike, index: int, count: int) -> Path:
     return root / shard_name(index, count)
 
 
-def open_store(path: str | os.PathLike) -> "StoreView":
-    """A store folder for training: a single store, or every shard of a sharded one as one store."""
-    return StoreView(path)
+def open_store(path: str | os.PathLike, extra: Sequence[str | os.PathLike] = ()) -> "StoreView | StoreMix":
+    """A store folder for training: a single store, or every shard of a sharded one as one store; with
+    `extra` folders (`data.extra_stores`), their records after `path`'s, as one (`StoreMix`)."""
+    views = [StoreView(p) for p in (path, *extra)]
+    return views[0] if len(views) == 1 else StoreMix(views)
 
 
 class StoreView:
@@ -611,6 +613,77 @@ class StoreView:
     def token_chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for s in self.shards:
             yield from s.token_chunks()
+
+
+# Settings stores may differ in and still train together: which prompts and replies they hold. Everything else
+# in meta.json (the target, its template and stop tokens, the feature layers, the split) must agree.
+MIX_FREE = ("data.source", "data.prompt_turns", "data.responses", "data.max_turns", "data.max_prompt_tokens",
+            "data.max_new_tokens", "data.temperature", "data.top_p", "data.top_k", "data.seed",
+            "data.min_loss_tokens", "data.store_kv")
+
+
+class StoreMix:
+    """Several store folders (each a `StoreView`) read as one: the records of each in turn. For training on
+    prompts prepared separately (another source, later turns, replies made elsewhere): the stores must hold
+    the same target's records with the same per-token arrays and come from the same train/held-out split,
+    and no conversation id may be in two of them (it would be trained on twice)."""
+
+    def __init__(self, views: Sequence[StoreView]):
+        self.views = list(views)
+        first = self.views[0]
+        self.path = Path(" + ".join(str(v.path) for v in self.views))  # names the mix in messages and grain's repr
+        self.feature_dim, self.hidden, self.kv_dim, self.kv_dtype = (first.feature_dim, first.hidden, first.kv_dim,
+                                                                     first.kv_dtype)
+        ref = _flatten(first.meta)
+        for v in self.views[1:]:
+            meta = _flatten(v.meta)
+            diffs = [k for k in sorted(set(ref) & set(meta)) if ref[k] != meta[k] and k not in MIX_FREE]
+            diffs += [k for k in ("feature_dim", "hidden", "kv_dim", "kv_dtype") if getattr(v, k) != getattr(first, k)]
+            diffs += ["target_lse"] * (v.has("target_lse") != first.has("target_lse"))
+            if diffs:
+                raise DataError(f"{first.path} and {v.path} cannot train together: they differ in "
+                                f"{', '.join(diffs[:4])}")
+        seen: dict[str, Path] = {}
+        for v in self.views:
+            for i in v.ids():
+                if seen.setdefault(i, v.path) != v.path:
+                    raise DataError(f"{seen[i]} and {v.path} both hold conversation {i!r}; train on one of them, "
+                                    "or prepare the other with prompts the first lacks (data.prompt_turns=later)")
+        self._starts = np.cumsum([0] + [len(v) for v in self.views])
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.views[0].meta
+
+    def has(self, name: str) -> bool:
+        return self.views[0].has(name)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(v.num_tokens for v in self.views)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def get(self, i: int, *, max_len: int | None = None, features: bool = True,
+            kv: bool = False) -> dict[str, np.ndarray]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"record {i} out of range for stores of {len(self)}")
+        s = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return self.views[s].get(int(i) - int(self._starts[s]), max_len=max_len, features=features, kv=kv)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return self.get(int(i))
+
+    def ids(self) -> list[str]:
+        return [i for v in self.views for i in v.ids()]
+
+    def loss_counts(self, max_len: int | None = None) -> np.ndarray:
+        return np.concatenate([v.loss_counts(max_len) for v in self.views])
+
+    def token_chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for v in self.views:
+            yield from v.token_chunks()
 
 
 def _open_shards(root: Path, folders: dict[tuple[int, int], Path]) -> list[ResponseStore]:
