@@ -166,3 +166,12 @@ def test_extra_stores_config(tmp_path, monkeypatch):
         DataConfig(extra_stores=("x", "x"))
     with pytest.raises(ConfigError, match="store folders"):
         DataConfig(extra_stores=("",))
+
+
+def test_later_turns_refuse_a_prompt_pack(tmp_path, monkeypatch):
+    """A prompt pack keeps user turns only: later turns from it would lose their context, so they are refused."""
+    (tmp_path / "sharegpt.jsonl").write_text(json.dumps({"id": "a", "messages": [_msg(U, "q"), _msg(U, "q2")]}) + "\n")
+    monkeypatch.setenv("CARRYOVER_PROMPTS", str(tmp_path))
+    assert [c.id for c in conversations(DataConfig(heldout_per_mille=0))] == ["a"]
+    with pytest.raises(DataError, match="keeps user turns only"):
+        next(conversations(DataConfig(heldout_per_mille=0, prompt_turns="later")))

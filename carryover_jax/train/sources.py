@@ -272,6 +272,9 @@ def conversations(cfg) -> Iterator[Conversation]:
         raise CarryoverError(f"unknown split {cfg.split!r}; use train or heldout")
     if not 0 <= cfg.heldout_per_mille <= 1000:
         raise CarryoverError(f"heldout_per_mille must be in [0, 1000], got {cfg.heldout_per_mille}")
+    if cfg.prompt_turns != "first" and cfg.source == "sharegpt" and packed_file("sharegpt") is not None:
+        raise DataError(f"data.prompt_turns={cfg.prompt_turns} asks later turns after the source's replies, and the "
+                        f"prompt pack in ${PACK_ENV} keeps user turns only (unset it to read the sharegpt package)")
     want = cfg.split == "heldout"
     for conv in iter_source(cfg.source):
         if is_heldout(conv.id, cfg.heldout_per_mille) == want:
