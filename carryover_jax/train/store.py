@@ -619,7 +619,7 @@ class StoreView:
 # in meta.json (the target, its template and stop tokens, the feature layers, the split) must agree.
 MIX_FREE = ("data.source", "data.prompt_turns", "data.responses", "data.max_turns", "data.max_prompt_tokens",
             "data.max_new_tokens", "data.temperature", "data.top_p", "data.top_k", "data.seed",
-            "data.min_loss_tokens", "data.store_kv")
+            "data.min_loss_tokens")
 
 
 class StoreMix:
