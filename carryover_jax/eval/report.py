@@ -101,7 +101,8 @@ def render_markdown(result: dict[str, Any]) -> str:
     if ck["sequences"] == 0:
         L.append("No T = 0 pass was run: nothing was checked against AR decoding.")
     elif not ck["mismatches"]:
-        L.append(f"All {ck['sequences']} speculative sequences at T = 0 ({len(ck['drafters'])} drafter{'s' * (len(ck['drafters']) != 1)}) are "
+        nd = len(ck["drafters"])
+        L.append(f"All {ck['sequences']} speculative sequences at T = 0 ({nd} drafter{'s' * (nd != 1)}) are "
                  "token-identical to the AR sequences of the same run.")
     else:
         L.append(f"**{len(ck['mismatches'])} of {ck['sequences']} speculative sequences at T = 0 differ from AR**: "
