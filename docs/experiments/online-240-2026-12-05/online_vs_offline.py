@@ -1,10 +1,11 @@
 """τ of one drafter online (`carryover eval`, batch 1) and offline (`carryover eval --offline`, on the recorded
 rollouts) over the same prompts, per dataset: `python online_vs_offline.py ONLINE.json OFFLINE.json LABEL [LABEL2]`
 (LABEL2: the arm's label in the offline run, default LABEL). Each side's τ is micro-averaged as its report's is
-(summed accepted + 1 over summed rounds: online a last round may run past max_new_tokens) over the prompts the
-online run decoded; a third column gives the offline τ over all of
-the offline run's prompts of that dataset, so a sample's own level shows apart from the decoding path."""
+(`eval/metrics.tau`: summed accepted + 1 over summed rounds; online a last round may run past max_new_tokens) over
+the prompts the online run decoded; a third column gives the offline τ over all of the offline run's prompts of
+that dataset, so a sample's own level shows apart from the decoding path."""
 import json, sys
+from carryover_jax.eval.metrics import tau
 
 online, offline, label = sys.argv[1:4]
 label_off = sys.argv[4] if len(sys.argv) > 4 else label
@@ -13,10 +14,6 @@ label_off = sys.argv[4] if len(sys.argv) > 4 else label
 def entries(path, arm):
     return {(e["dataset"], e["prompt"]): e for e in json.load(open(path))["log"]
             if e["mode"] == arm and e["temperature"] == 0}
-
-
-def tau(es):
-    return sum(a + 1 for e in es for a in e["accepted"]) / sum(e["rounds"] for e in es)
 
 
 on, off = entries(online, label), entries(offline, label_off)
