@@ -31,5 +31,6 @@ for ds in sorted({d for d, _ in prompts}) + ["all"]:
     c = paired_bootstrap(aa[None], np.ones_like(aa)[None])
     lo, hi = (1 + g / 100 for g in b["gain_pct_ci"])
     alo, ahi = (1 + g / 100 for g in c["gain_pct_ci"])
-    print(f"| {ds} | {len(idx)} | {tot:.3f}x [{tlo:.3f}, {thi:.3f}] | {x.mean():.3f}x [{lo:.3f}, {hi:.3f}] | {(x.mean(axis=1) >= 1.3).sum()} | "
+    print(f"| {ds} | {len(idx)} | {tot:.3f}x [{tlo:.3f}, {thi:.3f}] | {x.mean():.3f}x [{lo:.3f}, {hi:.3f}] | "
+          f"{(x.mean(axis=1) >= 1.3).sum()} | "
           f"{aa.mean():.3f} [{alo:.3f}, {ahi:.3f}] |")

@@ -45,5 +45,6 @@ print("|---|---|---|---|---|---|---|---|---|")
 for ds, rs in list(rows.items()) + [("all", [r for v in rows.values() for r in v])]:
     med = lambda k: float(np.median([r[k] for r in rs]))
     caches = max({r["caches"] for r in rs}, key=[r["caches"] for r in rs].count)
-    print(f"| {ds} | {len(rs)} | {med('prompt'):.0f} | {med('ar_pre'):.0f} | {med('ar_tok'):.2f} | {med('sp_pre'):.0f} | "
+    print(f"| {ds} | {len(rs)} | {med('prompt'):.0f} | {med('ar_pre'):.0f} | {med('ar_tok'):.2f} | "
+          f"{med('sp_pre'):.0f} | "
           f"{med('sp_round'):.2f} | {med('sp_round') / med('ar_tok'):.3f} | {caches} |")
