@@ -75,7 +75,10 @@ class Numerics:
 
     param_dtype: str | None = None  # target params (a checkpoint of any float dtype is cast to it)
     drafter_param_dtype: str | None = None  # drafter params (training: the master copy)
-    dtype: str | None = None  # activations / compute of target and drafter
+    dtype: str | None = None  # activations / compute of the target (and of the drafter unless drafter_dtype)
+    # the drafter's compute and context-cache dtype (None: dtype). Proposals never change what verification
+    # commits, so a bf16 drafter beside a float32 target stays lossless and drafts on a bf16-native CPU's fast path
+    drafter_dtype: str | None = None
     cache_dtype: str | None = None  # target KV cache and the drafter's context cache (None: dtype)
     attention_backend: str | None = None  # ATTENTION_BACKENDS
     lm_head: str | None = None  # LM_HEADS (a tied target head and the drafter's frozen head)
@@ -83,7 +86,7 @@ class Numerics:
     decode_products: str | None = None  # DECODE_PRODUCTS
 
     def __post_init__(self):
-        for name in ("param_dtype", "drafter_param_dtype", "dtype", "cache_dtype"):
+        for name in ("param_dtype", "drafter_param_dtype", "dtype", "drafter_dtype", "cache_dtype"):
             v = getattr(self, name)
             if v is not None and v not in DTYPES:
                 raise ConfigError(f"numerics.{name} must be one of {', '.join(DTYPES)}, got {v!r}")
@@ -105,10 +108,10 @@ class Numerics:
         vocabulary-major tied head) on CPU; drafter params float32 everywhere."""
         p = canonical_platform(platform)
         if p == "cpu":
-            return cls(param_dtype="float32", drafter_param_dtype="float32", dtype="float32", cache_dtype="float32",
-                       attention_backend="cpu", lm_head="vocab_major", cache_bits=True, decode_products="stream")
-        return cls(param_dtype="bfloat16", drafter_param_dtype="float32", dtype="bfloat16", cache_dtype="bfloat16",
-                   attention_backend="auto", lm_head="plain", cache_bits=False, decode_products="xla")
+            return cls(param_dtype="float32", drafter_param_dtype="float32", dtype="float32", drafter_dtype="float32",
+                       cache_dtype="float32", attention_backend="cpu", lm_head="vocab_major", cache_bits=True, decode_products="stream")
+        return cls(param_dtype="bfloat16", drafter_param_dtype="float32", dtype="bfloat16", drafter_dtype="bfloat16",
+                   cache_dtype="bfloat16", attention_backend="auto", lm_head="plain", cache_bits=False, decode_products="xla")
 
     @classmethod
     def for_platform(cls, platform: str | None = None, **overrides) -> "Numerics":
@@ -138,6 +141,7 @@ class Numerics:
             # [V, d] embedding faster as the dot's rhs (SmolLM2's head at 1-4 rows: 2.1-2.4 ms plain, 3.5-4.0
             # vocabulary-major; float32: 4.4-4.6 plain, 3.6-4.0 vocabulary-major at 2-4 rows)
             out["lm_head"] = "plain"
+        out["drafter_dtype"] = out["drafter_dtype"] or out["dtype"] or base.dtype
         resolved = Numerics(**{k: (v if v is not None else getattr(base, k)) for k, v in out.items()})
         if p == "cpu":
             resolved.check_cpu_support()
@@ -148,7 +152,8 @@ class Numerics:
     def check_cpu_support(self) -> None:
         """One warning line (once per process) where this CPU lacks native bf16 arithmetic: the run goes
         on, and XLA emulates bf16 dots in float32 (slower than float32 itself, same results)."""
-        narrow = {getattr(self, f) for f in ("param_dtype", "drafter_param_dtype", "dtype", "cache_dtype")}
+        narrow = {getattr(self, f) for f in ("param_dtype", "drafter_param_dtype", "dtype", "drafter_dtype",
+                                             "cache_dtype")}
         if "bfloat16" in narrow and not cpu_has_native_bf16():
             warn_once("numerics: this CPU has no native bf16 arithmetic (no avx512_bf16 / amx_bf16 flag): "
                       "bf16 runs emulated, slower than float32; use float32 here")
@@ -186,9 +191,13 @@ class Numerics:
         return cls(**{f.name: getattr(args, f.name, None) for f in dataclasses.fields(cls)})
 
     def drafter_view(self) -> "Numerics":
-        """What a drafter's backbone layers run with: the drafter's params, the run's compute, caches,
-        attention and head. (The backbone is a `TargetConfig`, so the layers read `param_dtype`.)"""
-        return dataclasses.replace(self, param_dtype=self.drafter_param_dtype or self.param_dtype)
+        """What a drafter's backbone layers run with: the drafter's params and compute (`drafter_dtype`; its
+        context cache follows a compute dtype other than the target's), the run's attention and head. (The
+        backbone is a `TargetConfig`, so the layers read `param_dtype` and `dtype`.)"""
+        own = self.drafter_dtype and self.drafter_dtype != self.dtype
+        return dataclasses.replace(self, param_dtype=self.drafter_param_dtype or self.param_dtype,
+                                   dtype=self.drafter_dtype or self.dtype,
+                                   cache_dtype=self.drafter_dtype if own else self.cache_dtype)
 
     # ---- what the layers read -------------------------------------------------------------------------
     @property
@@ -211,7 +220,8 @@ class Numerics:
         return jnp.uint16 if self.cache_bits and self.cache == jnp.bfloat16 else self.cache
 
     def describe(self) -> str:
-        return (f"params {self.param_dtype} (drafter {self.drafter_param_dtype}), compute {self.dtype}, "
+        own = f" (drafter {self.drafter_dtype})" if self.drafter_dtype not in (None, self.dtype) else ""
+        return (f"params {self.param_dtype} (drafter {self.drafter_param_dtype}), compute {self.dtype}{own}, "
                 f"cache {self.cache_dtype}{' (as bits)' if self.cache_storage != self.cache else ''}, "
                 f"attention {self.attention_backend}, lm_head {self.lm_head}, decode_products {self.decode_products}")
 

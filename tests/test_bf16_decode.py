@@ -63,3 +63,25 @@ def test_bf16_greedy_speculative_equals_bf16_ar(tiny_llama, kind, layout, carryo
                                       carryover=carryover)
     assert [r.token_ids for r in out] == [r.token_ids for r in ref]
     assert stats["rounds"] > 0
+
+
+@pytest.mark.parametrize("carryover", [True, False])
+def test_a_bf16_drafter_beside_a_float32_target_stays_lossless(tiny_llama, carryover):
+    """`drafter_dtype` bf16 (`--drafter-dtype`): the drafter computes and caches its context in bf16, the target
+    stays float32, and greedy speculative decoding equals float32 AR (proposals never change what is committed)."""
+    from carryover_jax.decode import drafting as D
+
+    f32 = load_target(tiny_llama.path, tokenizer=False)
+    target = load_target(tiny_llama.path, tokenizer=False, numerics=Numerics(drafter_dtype="bfloat16"))
+    assert target.cfg.numerics == f32.cfg.numerics.replace(drafter_dtype="bfloat16")
+    assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(target.params))
+    cfg = DrafterConfig.for_target(target.cfg, num_proposals=4, num_layers=1, mask_token_id=4, target_layer_ids=(0, 1))
+    assert cfg.backbone.dtype == "bfloat16" and cfg.backbone.numerics.cache_dtype == "bfloat16"
+    assert all(k.dtype == jnp.uint16 for k in D.new_context_cache(cfg, 1, 8).k)  # bf16 bits on CPU
+    assert DrafterConfig.for_target(f32.cfg, num_proposals=4, num_layers=1, mask_token_id=4).backbone.dtype == "float32"
+    params = init_drafter_params(cfg, jax.random.key(0))
+    prompts = _prompts(seed=3)
+    ref = generate(f32, prompts, max_new_tokens=MAX_NEW, stop_token_ids=[])
+    out, stats = speculative_generate(target, (cfg, params), prompts, max_new_tokens=MAX_NEW, stop_token_ids=[],
+                                      carryover=carryover)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref] and stats["rounds"] > 0

@@ -37,6 +37,16 @@ def test_cuda_numerics_resolve_from_a_cpu_process():
     assert (bf.param_dtype, bf.cache_dtype, bf.drafter_param_dtype, bf.cache_bits) == ("bfloat16", "bfloat16",
                                                                                      "float32", True)
     assert Numerics.for_platform("cpu", dtype="bfloat16", cache_bits=False).cache_dtype == "float32"
+    # the drafter computes in the run's dtype unless drafter_dtype says otherwise; its context cache follows it
+    assert (cpu.drafter_dtype, bf.drafter_dtype, cuda.drafter_dtype) == ("float32", "bfloat16", "bfloat16")
+    mixed = Numerics.for_platform("cpu", drafter_dtype="bfloat16")
+    assert (mixed.dtype, mixed.param_dtype, mixed.cache_dtype) == ("float32", "float32", "float32")
+    view = mixed.drafter_view()
+    assert (view.dtype, view.cache_dtype, view.param_dtype) == ("bfloat16", "bfloat16", "float32")
+    assert bf.drafter_view().cache_dtype == bf.cache_dtype and cpu.drafter_view() == cpu
+    assert "compute float32 (drafter bfloat16)" in mixed.describe()
+    with pytest.raises(ConfigError, match="numerics.drafter_dtype must be one of"):
+        Numerics(drafter_dtype="bf16")
     assert Numerics.for_platform("cpu", dtype="float16").cache_dtype == "float32"
     assert not Numerics.for_platform("cuda").cache_bits
     assert Numerics.for_platform("cuda", dtype="float32").param_dtype == "float32"
@@ -135,6 +145,8 @@ def test_cli_numerics_flags():
     assert _run_numerics(a) == Numerics.for_platform("cpu", dtype="bfloat16", attention_backend="pallas",
                                                      lm_head="plain")
     assert _run_numerics(p.parse_args(["bench", "ar"])) == REFERENCE
+    e = _run_numerics(p.parse_args(["eval", "--drafter", "a=d", "--out", "o", "--drafter-dtype", "bfloat16"]))
+    assert (e.dtype, e.drafter_dtype) == ("float32", "bfloat16")
     # prepare / train: the flags are numerics.* of the config and win over its shorthands
     t = _train_config(p.parse_args(["train", "--config", "qwen3_4b", "--dtype", "float32",
                                     "--cache-dtype", "bfloat16"]))
