@@ -31,8 +31,8 @@ def _add_target_args(p: argparse.ArgumentParser):
 _NUMERICS_FLAGS = (("dtype", "compute dtype; target params and KV caches follow it unless set"),
                    ("param_dtype", "target param dtype (a checkpoint of any float dtype is cast to it)"),
                    ("drafter_param_dtype", "drafter param dtype (default float32: training's master copy)"),
-                   ("drafter_dtype", "drafter compute and context-cache dtype (default: --dtype's); bfloat16 beside a "
-                    "float32 target drafts faster on a bf16-native CPU, verification unchanged"),
+                   ("drafter_dtype", "drafter compute and context-cache dtype (default: --dtype's); the output stays "
+                    "the target's, whatever the drafter computes in"),
                    ("cache_dtype", "KV cache dtype (target and drafter context caches)"),
                    ("attention_backend", "attention kernels (models/layers.py attention_core)"),
                    ("lm_head", "tied LM head form: vocab_major (the CPU default) or plain"),

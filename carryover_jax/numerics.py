@@ -77,7 +77,7 @@ class Numerics:
     drafter_param_dtype: str | None = None  # drafter params (training: the master copy)
     dtype: str | None = None  # activations / compute of the target (and of the drafter unless drafter_dtype)
     # the drafter's compute and context-cache dtype (None: dtype). Proposals never change what verification
-    # commits, so a bf16 drafter beside a float32 target stays lossless and drafts on a bf16-native CPU's fast path
+    # commits, so a bf16 drafter beside a float32 target stays lossless
     drafter_dtype: str | None = None
     cache_dtype: str | None = None  # target KV cache and the drafter's context cache (None: dtype)
     attention_backend: str | None = None  # ATTENTION_BACKENDS
@@ -105,13 +105,15 @@ class Numerics:
     @classmethod
     def platform_default(cls, platform: str | None = None) -> "Numerics":
         """Every field set: bfloat16 + "auto" attention on accelerators, float32 + "cpu" attention (and the
-        vocabulary-major tied head) on CPU; drafter params float32 everywhere."""
+        vocabulary-major tied head) on CPU; drafter params float32 everywhere, the drafter's compute the run's."""
         p = canonical_platform(platform)
         if p == "cpu":
             return cls(param_dtype="float32", drafter_param_dtype="float32", dtype="float32", drafter_dtype="float32",
-                       cache_dtype="float32", attention_backend="cpu", lm_head="vocab_major", cache_bits=True, decode_products="stream")
+                       cache_dtype="float32", attention_backend="cpu", lm_head="vocab_major", cache_bits=True,
+                       decode_products="stream")
         return cls(param_dtype="bfloat16", drafter_param_dtype="float32", dtype="bfloat16", drafter_dtype="bfloat16",
-                   cache_dtype="bfloat16", attention_backend="auto", lm_head="plain", cache_bits=False, decode_products="xla")
+                   cache_dtype="bfloat16", attention_backend="auto", lm_head="plain", cache_bits=False,
+                   decode_products="xla")
 
     @classmethod
     def for_platform(cls, platform: str | None = None, **overrides) -> "Numerics":

@@ -193,6 +193,23 @@ def _save_drafter(target, path, *, mask=4, carryover=True, seed=0, hidden=None):
     return str(path)
 
 
+def test_eval_drafters_compute_in_the_drafter_dtype(tiny_llama, tmp_path):
+    """`carryover eval --dtype X` puts the drafter's params in its compute dtype; `--drafter-dtype Y` wins for the
+    drafter, and alone leaves its params float32 (the master copy)."""
+    from carryover_jax import load_target
+    from carryover_jax.eval.run import DrafterEntry, load_entries
+    from carryover_jax.numerics import Numerics
+
+    path = _save_drafter(load_target(tiny_llama.path, tokenizer=False), tmp_path / "d", carryover=False)
+    for spec, dtype, want in ((Numerics(dtype="bfloat16"), "bfloat16", ("bfloat16", "bfloat16")),
+                              (Numerics(dtype="bfloat16", drafter_dtype="float32"), "bfloat16", ("float32", "float32")),
+                              (Numerics(drafter_dtype="bfloat16"), None, ("bfloat16", "float32"))):
+        target = load_target(tiny_llama.path, tokenizer=False, numerics=spec)
+        (_, d), = load_entries(target, [DrafterEntry("d", path, False)], mask_token_id=4, dtype=dtype)
+        kinds = {str(x.dtype) for x in jax.tree_util.tree_leaves(d.params)}
+        assert (d.cfg.backbone.dtype, d.cfg.backbone.param_dtype) == want and kinds == {want[1]}, (spec, kinds)
+
+
 @pytest.fixture(scope="module")
 def tok_target(tiny_llama, tmp_path_factory):
     """The tiny Llama with a word-level tokenizer (`w5 w6 ...` = ids 5, 6, ...), a chat template, and

@@ -100,7 +100,9 @@ def load_entries(target, entries: Sequence[DrafterEntry], mask_token_id: int | N
     for e in entries:
         if not Path(e.path).exists():
             raise CarryoverError(f"drafter {e.label}: no such folder {e.path}")
-        d = load_drafter(e.path, carryover=e.carryover, dtype=dtype, numerics=target.cfg.numerics)
+        # --dtype also puts the drafter's params in its compute dtype: the run's, or --drafter-dtype's when set
+        d = load_drafter(e.path, carryover=e.carryover, dtype=target.cfg.numerics.drafter_dtype if dtype else None,
+                         numerics=target.cfg.numerics)
         check_drafter(e.label, d.cfg, target.cfg, mask_token_id)
         if mask_token_id is None:
             mask_token_id = d.cfg.mask_token_id  # tokenizer-less target: the first drafter sets it

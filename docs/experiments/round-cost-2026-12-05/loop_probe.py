@@ -42,7 +42,8 @@ def spec_fori(tp, dp, s, rounds):
 def spec_reset(tp, dp, s, rounds, lens):
     def body(_, st):
         st = st.replace(target_cache=st.target_cache.with_lengths(lens), draft_cache=st.draft_cache.with_lengths(lens),
-                        num_out=jnp.ones_like(st.num_out), done=jnp.zeros_like(st.done), rounds=jnp.zeros_like(st.rounds))
+                        num_out=jnp.ones_like(st.num_out), done=jnp.zeros_like(st.done),
+                        rounds=jnp.zeros_like(st.rounds))
         return sp._round(sc, tp, dp, st)
     return jax.lax.fori_loop(0, rounds, body, s)
 
