@@ -17,6 +17,7 @@ import numpy as np
 
 from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode import speculative as sp
+from carryover_jax.decode.buckets import next_bucket
 from carryover_jax.decode.generate import _stop_array, pad_batch, plan_lengths
 from carryover_jax.eval.run import load_items
 from carryover_jax.loading import load_drafter, load_target
@@ -30,7 +31,7 @@ items, _, _ = load_items(target, ["sharegpt", "humaneval", "mtbench"], prompts_p
                          system=None, heldout_per_mille=None, chat=True)
 sc = sp.SpecConfig(target=tcfg, drafter=dcfg, attend_carried=False)
 P, stops = dcfg.num_proposals, _stop_array(list(target.stop_token_ids))
-out_size = max_new  # a power of two here, as the eval's next_bucket(max_new)
+out_size = next_bucket(max_new, minimum=1)  # as the eval sizes its output buffers
 
 
 @jax.jit
