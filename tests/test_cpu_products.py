@@ -12,6 +12,7 @@ import pytest
 from carryover_jax import load_target
 from carryover_jax import numerics as N
 from carryover_jax.errors import ConfigError
+from carryover_jax.models import cpu_kernels
 from carryover_jax.models import cpu_products as cp
 from carryover_jax.models.target import TargetLM
 from carryover_jax.numerics import Numerics
@@ -32,12 +33,13 @@ def _call(x, w, layout):
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 def test_products_equal_float64_and_every_row_its_own_one_row_call(layout, dtype):
     """bf16 operands: products of the bf16 values, exact in float32, summed in float32 (XLA's bf16 dots with
-    float32 accumulation compute the same sums)."""
+    float32 accumulation compute the same sums; with avx512_bf16 two products a step, at any number of rows)."""
     rng = np.random.default_rng(0)
     for k, n in SHAPES:
         w = jnp.asarray(rng.normal(size=(k, n)), dtype)
         wl = w if layout == "kn" else jnp.asarray(w.T)
-        more = {("kn", "float32"): (9, 24, 37, 64), ("nk", "float32"): (9, 16, 24)}.get((layout, dtype), ())
+        more = {("kn", "float32"): (9, 24, 37, 64), ("nk", "float32"): (9, 16, 24),
+                ("kn", "bfloat16"): (9, 24, 37, 64) if cp.bf16_pairs() else ()}.get((layout, dtype), ())
         for m in (1, 2, 4, 5, 8) + more:
             x = jnp.asarray(rng.normal(size=(m, k)), dtype)
             y = _call(x, wl, layout)
@@ -93,8 +95,12 @@ def test_the_model_lowers_the_kernel_only_where_it_applies(tiny_llama):
         text = _program(tied, rows)
         assert text.count(cp.TARGETS["kn", "float32"]) == 7 * 3, rows
         assert text.count(cp.TARGETS["nk", "float32"]) == (rows <= most["nk"]), rows
+    bf16 = _cfg(tiny_llama, dtype="bfloat16")
+    bf16_most = cp.most_rows("kn", "bfloat16")  # 8, or a batch's step by avx512_bf16 pairs on a CPU without AMX
+    assert bf16_most == (cp.BF16_PAIR_ROWS if cp.bf16_pairs() and "amx_bf16" not in cpu_kernels.cpu_flags() else 8)
+    assert _program(bf16, bf16_most).count(cp.TARGETS["kn", "bfloat16"]) == 7 * 3 + 1
     for cfg, rows, platform in ((stream, most["kn"] + 1, "cpu"),  # more rows than it takes: XLA's kernel
-                                (_cfg(tiny_llama, dtype="bfloat16"), 9, "cpu"),  # bf16 above 8 rows: XLA's
+                                (bf16, bf16_most + 1, "cpu"),  # bf16 above them: XLA's
                                 (_cfg(tiny_llama, decode_products="xla"), 4, "cpu"),
                                 (_cfg(tiny_llama, dtype="float16"), 4, "cpu"),  # no float16 kernel
                                 (stream, 4, "cuda")):  # accelerators never lower it

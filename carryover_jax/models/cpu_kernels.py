@@ -8,6 +8,7 @@ line (`register`); `CARRYOVER_CPU_KERNELS=0` turns the kernels off.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -24,6 +25,17 @@ SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_products.cc", "cpu_at
 HEADERS = (Path(__file__).with_name("cpu_common.h"),)
 _REGISTERED: set[str] = set()  # the custom calls this process has registered
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return frozenset()
+    return frozenset(w for ln in lines if ln.split(":")[0].strip() in ("flags", "Features")
+                     for w in ln.split(":", 1)[-1].split())
 
 
 def _cpu_identity() -> str:
@@ -73,15 +85,20 @@ def build() -> Path:
     return out
 
 
+def library():
+    """The built library, loaded (ctypes), for the plain C functions it exports beside the custom calls."""
+    import ctypes
+
+    return ctypes.cdll.LoadLibrary(str(build()))
+
+
 def register(symbols: dict[str, str], fallback: str) -> bool:
     """Register the custom calls {target name: library symbol} with XLA (once per process); False where the
     kernels are off or cannot be built, with one warning line "`fallback` (why)"."""
     if os.environ.get("CARRYOVER_CPU_KERNELS", "1") == "0":
         return False
     try:
-        import ctypes
-
-        lib = ctypes.cdll.LoadLibrary(str(build()))
+        lib = library()
         for target, symbol in symbols.items():
             if target not in _REGISTERED:
                 jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")

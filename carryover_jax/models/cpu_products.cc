@@ -17,6 +17,12 @@
 // took 1.45-1.5x the kernel's time at 9-16 rows, 1.07-1.1x at 64-128 (SmolLM2's 30 layers' Dense shapes, 2 threads,
 // 2026-12-05); in a whole decode step it is as fast from ~128 rows, which `cpu_products.F32_ROWS` sends to it.
 //
+// bf16 operands of w [K, N] on a CPU with avx512_bf16 go through its pair instruction (vdpbf16ps: a float32 lane
+// adds x[k + 1] w[k + 1], then x[k] w[k], both products exact), at 1-8 rows and, tiled as float32 is, at more:
+// SmolLM2's 30 layers' Dense products took 0.63x / 0.74x / 0.84x XLA's bf16 dots' time at 16 / 32 / 64 rows, and
+// 0.81x the widening loop's at 8 rows (2 threads of an AMD EPYC Zen 4, 2026-12-05,
+// docs/experiments/bf16-pairs-2026-12-05).
+//
 // Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix): for each
 // chunk of K (the split depends on K and the pool's size only) one float32 multiply-add chain in k order, the
 // chunks' sums added in order. So a token's products in a P + 1-row verification equal, bit for bit, its products
@@ -30,6 +36,11 @@
 
 #include "cpu_common.h"
 #include "xla/ffi/api/ffi.h"
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#define CARRYOVER_BF16_PAIRS 1
+#endif
 
 namespace ffi = xla::ffi;
 
@@ -187,10 +198,167 @@ void tile(const float* x, const float* w, float* y, float* run, int64_t rs, int6
   }
 }
 
+#ifdef CARRYOVER_BF16_PAIRS
+// bf16 by pairs of rows of w: two rows' 32 columns -> the (w[k], w[k + 1]) pairs of columns {0-3, 8-11, 16-19, 24-27}
+// (lo) and {4-7, 12-15, 20-23, 28-31} (hi), as vdpbf16ps takes them; a missing second row (K odd) pairs with zeros.
+// Sums run in that column order ("pair order") and `unpair` puts them back.
+inline void pair_rows(const uint16_t* a, const uint16_t* b, __m512i& lo, __m512i& hi) {
+  const __m512i va = _mm512_loadu_si512(a), vb = b ? _mm512_loadu_si512(b) : _mm512_setzero_si512();
+  lo = _mm512_unpacklo_epi16(va, vb);
+  hi = _mm512_unpackhi_epi16(va, vb);
+}
+// (x[k], x[k + 1]) in every lane (x[k + 1] = 0 past K's end)
+inline __m512i x_pair(const uint16_t* x) {
+  int32_t p;
+  std::memcpy(&p, x, sizeof p);
+  return _mm512_set1_epi32(p);
+}
+inline __m512i x_last(const uint16_t* x) { return _mm512_set1_epi32(int32_t(x[0])); }
+inline v16 dot2(v16 acc, __m512i x, __m512i w) {
+  __m512 a;
+  std::memcpy(&a, &acc, sizeof a);
+  a = _mm512_dpbf16_ps(a, (__m512bh)x, (__m512bh)w);
+  std::memcpy(&acc, &a, sizeof a);
+  return acc;
+}
+// the same chain for one column (the N % 32 columns), in scalar float32: the products are exact, so each add is
+// vdpbf16ps's own rounding (it also flushes subnormals; these columns take this path at every row count)
+inline float dot2(float acc, const uint16_t* x, uint16_t w0, uint16_t w1, bool last) {
+  acc = acc + (last ? 0.0f : value(x[1]) * value(w1));
+  return acc + value(x[0]) * value(w0);
+}
+// pair order -> columns 0-15 and 16-31
+inline void unpair(v16 lo, v16 hi, v16& c0, v16& c1) {
+  const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i i1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  __m512 a, b;
+  std::memcpy(&a, &lo, sizeof a);
+  std::memcpy(&b, &hi, sizeof b);
+  const __m512 r0 = _mm512_permutex2var_ps(a, i0, b), r1 = _mm512_permutex2var_ps(a, i1, b);
+  std::memcpy(&c0, &r0, sizeof c0);
+  std::memcpy(&c1, &r1, sizeof c1);
+}
+
+// y[0:M, :] += x[0:M, k:k + 2P] . w[k:k + 2P, :] by P pairs (`odd`: the last pair is K's last row alone); y in pair
+// order
+template <int M, int P, bool odd>
+void pairs_block(const uint16_t* x, const uint16_t* w, float* y, int64_t K, int64_t N, int64_t k, bool ahead) {
+  const int64_t N32 = N / 32 * 32;
+  __m512i xb[M][P];
+  for (int m = 0; m < M; ++m)
+    for (int p = 0; p < P; ++p)
+      xb[m][p] = odd && p == P - 1 ? x_last(x + m * K + k + 2 * p) : x_pair(x + m * K + k + 2 * p);
+  for (int64_t n = 0; n < N32; n += 32) {
+    if (ahead)
+      for (int j = 0; j < kBlock; ++j) __builtin_prefetch(w + (k + kPrefetch + j) * N + n);
+    __m512i lo[P], hi[P];
+    for (int p = 0; p < P; ++p) {
+      const int64_t r = k + 2 * p;
+      pair_rows(w + r * N + n, odd && p == P - 1 ? nullptr : w + (r + 1) * N + n, lo[p], hi[p]);
+    }
+    for (int m = 0; m < M; ++m) {
+      v16 a = load(y + m * N + n), b = load(y + m * N + n + 16);
+      for (int p = 0; p < P; ++p) a = dot2(a, xb[m][p], lo[p]), b = dot2(b, xb[m][p], hi[p]);
+      store(y + m * N + n, a);
+      store(y + m * N + n + 16, b);
+    }
+  }
+  for (int64_t n = N32; n < N; ++n)
+    for (int m = 0; m < M; ++m) {
+      float acc = y[m * N + n];
+      for (int p = 0; p < P; ++p) {
+        const int64_t r = k + 2 * p;
+        const bool last = odd && p == P - 1;
+        acc = dot2(acc, x + m * K + r, w[r * N + n], last ? 0 : w[(r + 1) * N + n], last);
+      }
+      y[m * N + n] = acc;
+    }
+}
+
+// y[0:M, :] += x[0:M, k0:k1] . w[k0:k1, :] by pairs, kBlock rows of w at a time; y in pair order
+template <int M>
+void accumulate_pairs(const uint16_t* x, const uint16_t* w, float* y, int64_t K, int64_t N, int64_t k0, int64_t k1) {
+  static_assert(kBlock == 8, "blocks of 4 pairs");
+  int64_t k = k0;
+  for (; k + kBlock <= k1; k += kBlock) pairs_block<M, 4, false>(x, w, y, K, N, k, k + kPrefetch + kBlock <= k1);
+  switch (k1 - k) {  // the chunk's last rows (K's end: a chunk is whole blocks otherwise)
+    case 1: return pairs_block<M, 1, true>(x, w, y, K, N, k, false);
+    case 2: return pairs_block<M, 1, false>(x, w, y, K, N, k, false);
+    case 3: return pairs_block<M, 2, true>(x, w, y, K, N, k, false);
+    case 4: return pairs_block<M, 2, false>(x, w, y, K, N, k, false);
+    case 5: return pairs_block<M, 3, true>(x, w, y, K, N, k, false);
+    case 6: return pairs_block<M, 3, false>(x, w, y, K, N, k, false);
+    case 7: return pairs_block<M, 4, true>(x, w, y, K, N, k, false);
+    default: return;
+  }
+}
+
+template <int M>
+void chunk_pairs(const uint16_t* x, const uint16_t* w, float* y, int64_t K, int64_t N, int64_t k0, int64_t k1) {
+  std::memset(y, 0, sizeof(float) * M * N);
+  accumulate_pairs<M>(x, w, y, K, N, k0, k1);
+}
+
+// the tiled loop's tile by pairs: NV / 2 groups of 32 columns (NV 0: `cols` < 32 columns in scalar); `run` in pair
+// order, y (at a chunk's last panel) in column order
+template <int MR, int NV>
+void tile(const uint16_t* x, const uint16_t* w, float* y, float* run, int64_t rs, int64_t K, int64_t N, int64_t r0,
+          int64_t m0, int64_t n, int cols, int64_t k0, int64_t k1, bool first, int finish, const uint16_t* pf) {
+  if constexpr (NV == 0) {
+    for (int m = 0; m < MR; ++m)
+      for (int c = 0; c < cols; ++c) {
+        float acc = first ? 0.0f : run[(m0 - r0 + m) * rs + c];
+        for (int64_t k = k0; k < k1; k += 2)
+          acc = dot2(acc, x + (m0 + m) * K + k, w[k * N + n + c], k + 1 < K ? w[(k + 1) * N + n + c] : 0, k + 1 >= K);
+        float* out = finish ? y + (m0 + m) * N + n + c : run + (m0 - r0 + m) * rs + c;
+        *out = finish == 2 ? *out + acc : acc;
+      }
+  } else {
+    static_assert(NV % 2 == 0, "groups of 32 columns");
+    v16 acc[MR][NV];
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NV; ++j) acc[m][j] = first ? v16{} : load(run + (m0 - r0 + m) * rs + 16 * j);
+    // pairs of rows, then K's last row alone where K is odd
+    auto step = [&](int64_t k, auto last_row) __attribute__((always_inline)) {
+      constexpr bool last = decltype(last_row)::value;
+      if (pf)
+        for (int j = 0; j < NV / 2; ++j) {
+          __builtin_prefetch(pf + (k - k0) * N + 32 * j, 0, 2);
+          __builtin_prefetch(pf + (k + 1 - k0) * N + 32 * j, 0, 2);
+        }
+      __m512i xb[MR];
+      for (int m = 0; m < MR; ++m) xb[m] = last ? x_last(x + (m0 + m) * K + k) : x_pair(x + (m0 + m) * K + k);
+      for (int j = 0; j < NV / 2; ++j) {
+        __m512i lo, hi;
+        pair_rows(w + k * N + n + 32 * j, last ? nullptr : w + (k + 1) * N + n + 32 * j, lo, hi);
+        for (int m = 0; m < MR; ++m)
+          acc[m][2 * j] = dot2(acc[m][2 * j], xb[m], lo), acc[m][2 * j + 1] = dot2(acc[m][2 * j + 1], xb[m], hi);
+      }
+    };
+    const int64_t k2 = k1 - (k1 - k0) % 2;
+    for (int64_t k = k0; k < k2; k += 2) step(k, std::false_type{});
+    if (k2 < k1) step(k2, std::true_type{});
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NV; j += 2) {
+        if (!finish) {
+          store(run + (m0 - r0 + m) * rs + 16 * j, acc[m][j]);
+          store(run + (m0 - r0 + m) * rs + 16 * j + 16, acc[m][j + 1]);
+          continue;
+        }
+        v16 c0, c1;
+        unpair(acc[m][j], acc[m][j + 1], c0, c1);
+        float* out = y + (m0 + m) * N + n + 16 * j;
+        store(out, finish == 2 ? load(out) + c0 : c0);
+        store(out + 16, finish == 2 ? load(out + 16) + c1 : c1);
+      }
+  }
+}
+#endif
+
 // y[r0:r1, n:n + 16 NV] (or `cols` columns), chunk by chunk of K, panel by panel; `run` holds the running sums,
 // [r1 - r0, 16 kTileVecs]
-template <int NV>
-void tile_columns(const float* x, const float* w, float* y, float* run, int64_t r0, int64_t r1, int64_t K,
+template <int NV, typename W>
+void tile_columns(const W* x, const W* w, float* y, float* run, int64_t r0, int64_t r1, int64_t K,
                   int64_t N, int64_t n, int cols, KSplit split) {
   constexpr int64_t rs = 16 * kTileVecs;
   for (int64_t c = 0; c < split.chunks; ++c) {
@@ -200,7 +368,7 @@ void tile_columns(const float* x, const float* w, float* y, float* run, int64_t 
       const bool first = k0 == a;
       // the last panel of chunk 0 writes y, of a later chunk adds to it (in chunk order: y = (c0 + c1) + c2 ...)
       const int finish = k1 < b ? 0 : c == 0 ? 1 : 2;
-      const float* pf = k1 < K ? w + k1 * N + n : nullptr;
+      const W* pf = k1 < K ? w + k1 * N + n : nullptr;
       int64_t m = r0;
       for (; m + kTileRows <= r1; m += kTileRows)
         tile<kTileRows, NV>(x, w, y, run, rs, K, N, r0, m, n, cols, k0, k1, first, finish, m == r0 ? pf : nullptr);
@@ -209,21 +377,24 @@ void tile_columns(const float* x, const float* w, float* y, float* run, int64_t 
   }
 }
 
-// y = x . w for M > kMaxF32Rows float32 rows: tasks of a column tile (16 kTileVecs columns, then 16-column tiles,
-// then the last N % 16 columns) by a group of kGroupRows rows, over the threads
-ffi::Error Tiled(ffi::ThreadPool& pool, const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N,
+// y = x . w for more rows than the one-pass loops take: tasks of a column tile (16 kTileVecs columns, then 16-column
+// tiles, 32 by bf16 pairs, then the last N % 16 or N % 32 columns) by a group of kGroupRows rows, over the threads
+template <typename W>
+ffi::Error Tiled(ffi::ThreadPool& pool, const W* x, const W* w, float* y, int64_t M, int64_t K, int64_t N,
                  int64_t threads) {
   const KSplit split = k_split(K, threads);
   constexpr int64_t wide = 16 * kTileVecs;
-  const int64_t full = N / wide, narrow = (N - full * wide) / 16, rest = N % 16;
+  constexpr int unit = std::is_same_v<W, float> ? 1 : 2;  // vectors of a narrow tile
+  const int64_t full = N / wide, narrow = (N - full * wide) / (16 * unit), rest = N % (16 * unit);
   const int64_t groups = (M + kGroupRows - 1) / kGroupRows, tasks = (full + narrow + (rest ? 1 : 0)) * groups;
   parallel_for(pool, tasks, threads, [=](int64_t task) {
     const int64_t t = task / groups, r0 = task % groups * kGroupRows, r1 = r0 + kGroupRows < M ? r0 + kGroupRows : M;
-    std::vector<float> run((r1 - r0) * wide);
+    thread_local std::vector<float> run;  // every panel's first pass writes it before it is read
+    if (static_cast<int64_t>(run.size()) < (r1 - r0) * wide) run.resize((r1 - r0) * wide);
     if (t < full) {
       tile_columns<kTileVecs>(x, w, y, run.data(), r0, r1, K, N, t * wide, 0, split);
     } else if (t < full + narrow) {
-      tile_columns<1>(x, w, y, run.data(), r0, r1, K, N, full * wide + (t - full) * 16, 0, split);
+      tile_columns<unit>(x, w, y, run.data(), r0, r1, K, N, full * wide + (t - full) * 16 * unit, 0, split);
     } else {
       tile_columns<0>(x, w, y, run.data(), r0, r1, K, N, N - rest, int(rest), split);
     }
@@ -252,44 +423,14 @@ ChunkFn<W> chunk_fn(int64_t rows) {
   return rows >= 1 && rows <= most ? table[rows - 1] : nullptr;
 }
 
-// T: the operands' dtype (F32, or BF16: x widened to float once, w as it is read); y is float32 either way.
-template <bool kRows, ffi::DataType T>
-ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ffi::ResultBuffer<ffi::F32> y) {
-  using W = ffi::NativeType<T>;
-  const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2)
-    return ffi::Error::InvalidArgument("cpu_products: x, w and y must be 2-D");
-  const int64_t rows = xd[0], K = xd[1], N = kRows ? wd[0] : wd[1];
-  if ((kRows ? wd[1] : wd[0]) != K || yd[0] != rows || yd[1] != N)
-    return ffi::Error::InvalidArgument("cpu_products: shapes do not match x[M, K] . w = y[M, N]");
-  const ChunkFn<W> fn = chunk_fn<kRows, W>(rows);
-  constexpr bool tiled = !kRows && std::is_same_v<W, float>;
-  if (fn == nullptr && !(tiled && rows > kMaxF32Rows))
-    return ffi::Error::InvalidArgument("cpu_products: 1 to 8 rows, 24 in float32, any in float32 w [K, N]");
-  if (K == 0 || N == 0) {
-    std::memset(y->typed_data(), 0, sizeof(float) * rows * N);
-    return ffi::Error::Success();
-  }
-  // the split depends on K, N and the pool's size only (never on `rows`): every row's sums run in one order
-  const int64_t threads = pool.num_threads() < 1 ? 1 : pool.num_threads();
-  if constexpr (tiled)
-    if (rows > kMaxF32Rows) return Tiled(pool, x.typed_data(), w.typed_data(), y->typed_data(), rows, K, N, threads);
-  std::vector<float> wide;
-  const float* xs = nullptr;
-  if constexpr (std::is_same_v<W, float>) {
-    xs = x.typed_data();
-  } else {
-    wide.resize(rows * K);
-    for (int64_t i = 0; i < rows * K; ++i) wide[i] = value(x.typed_data()[i]);
-    xs = wide.data();
-  }
-  const W* ws = w.typed_data();
-  float* out = y->typed_data();
+// y = x . w by `fn` (a one-pass loop) over the chunks of K (w [K, N]: chunk 0 writes y, the later ones partial sums,
+// added to y in chunk order) or of N (e [N, K]: each chunk its own columns of y)
+template <bool kRows, typename X, typename W, typename Fn>
+void by_chunks(ffi::ThreadPool& pool, Fn fn, const X* xs, const W* ws, float* out, int64_t rows, int64_t K, int64_t N,
+               int64_t threads) {
   const KSplit split = k_split(K, threads);
   const int64_t total = kRows ? N : K, size = kRows ? (N + threads - 1) / threads : split.size;
   const int64_t chunks = (total + size - 1) / size;
-  // chunks of N write their own columns of y; chunks of K 1.. write partial sums (chunk 0 writes y), added
-  // to y in chunk order after
   std::vector<float> partials(kRows ? 0 : (chunks - 1) * rows * N);
   float* part = partials.data();
   parallel_for(pool, chunks, threads, [=](int64_t c) {
@@ -299,6 +440,71 @@ ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ff
   for (int64_t c = 1; !kRows && c < chunks; ++c) {
     const float* p = part + (c - 1) * rows * N;
     for (int64_t i = 0; i < rows * N; ++i) out[i] += p[i];
+  }
+}
+
+#ifdef CARRYOVER_BF16_PAIRS
+using PairFn = void (*)(const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t, int64_t);
+template <std::size_t... I>
+constexpr std::array<PairFn, sizeof...(I)> pair_fns(std::index_sequence<I...>) {
+  return {chunk_pairs<int(I) + 1>...};
+}
+
+// bf16 x [M, K] . w [K, N] by pairs: 1-8 rows in one pass over w (then y back from pair order), more tiled
+ffi::Error Pairs(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* w, float* y, int64_t M, int64_t K,
+                 int64_t N, int64_t threads) {
+  if (M > kMaxRows) return Tiled(pool, x, w, y, M, K, N, threads);
+  static constexpr auto table = pair_fns(std::make_index_sequence<kMaxRows>());
+  by_chunks<false>(pool, table[M - 1], x, w, y, M, K, N, threads);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n + 32 <= N; n += 32) {
+      v16 c0, c1;
+      unpair(load(y + m * N + n), load(y + m * N + n + 16), c0, c1);
+      store(y + m * N + n, c0);
+      store(y + m * N + n + 16, c1);
+    }
+  return ffi::Error::Success();
+}
+#endif
+
+// T: the operands' dtype (F32, or BF16: by pairs where the CPU has avx512_bf16, else x widened to float once and w
+// as it is read); y is float32 either way.
+template <bool kRows, ffi::DataType T>
+ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ffi::ResultBuffer<ffi::F32> y) {
+  using W = ffi::NativeType<T>;
+  const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2)
+    return ffi::Error::InvalidArgument("cpu_products: x, w and y must be 2-D");
+  const int64_t rows = xd[0], K = xd[1], N = kRows ? wd[0] : wd[1];
+  if ((kRows ? wd[1] : wd[0]) != K || yd[0] != rows || yd[1] != N)
+    return ffi::Error::InvalidArgument("cpu_products: shapes do not match x[M, K] . w = y[M, N]");
+#ifdef CARRYOVER_BF16_PAIRS
+  constexpr bool pairs = !kRows && !std::is_same_v<W, float>;
+#else
+  constexpr bool pairs = false;
+#endif
+  constexpr bool tiled = !kRows && (std::is_same_v<W, float> || pairs);
+  const ChunkFn<W> fn = chunk_fn<kRows, W>(rows);
+  if (rows < 1 || (fn == nullptr && !tiled))
+    return ffi::Error::InvalidArgument(
+        "cpu_products: 1 to 8 rows, 24 in float32, any in float32 w [K, N] (and bf16 with avx512_bf16)");
+  if (K == 0 || N == 0) {
+    std::memset(y->typed_data(), 0, sizeof(float) * rows * N);
+    return ffi::Error::Success();
+  }
+  // the split depends on K, N and the pool's size only (never on `rows`): every row's sums run in one order
+  const int64_t threads = pool.num_threads() < 1 ? 1 : pool.num_threads();
+#ifdef CARRYOVER_BF16_PAIRS
+  if constexpr (pairs) return Pairs(pool, x.typed_data(), w.typed_data(), y->typed_data(), rows, K, N, threads);
+#endif
+  if constexpr (std::is_same_v<W, float>) {
+    if (tiled && rows > kMaxF32Rows)
+      return Tiled(pool, x.typed_data(), w.typed_data(), y->typed_data(), rows, K, N, threads);
+    by_chunks<kRows>(pool, fn, x.typed_data(), w.typed_data(), y->typed_data(), rows, K, N, threads);
+  } else {
+    std::vector<float> wide(rows * K);
+    for (int64_t i = 0; i < rows * K; ++i) wide[i] = value(x.typed_data()[i]);
+    by_chunks<kRows>(pool, fn, wide.data(), w.typed_data(), y->typed_data(), rows, K, N, threads);
   }
   return ffi::Error::Success();
 }
@@ -316,3 +522,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuProducts, (Products<false, ffi::F32>),
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuProductsRows, (Products<true, ffi::F32>), CARRYOVER_BIND(F32));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuProductsBf16, (Products<false, ffi::BF16>), CARRYOVER_BIND(BF16));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuProductsRowsBf16, (Products<true, ffi::BF16>), CARRYOVER_BIND(BF16));
+
+// What the bf16 products of w [K, N] run on this build (cpu_products.py routes bf16 rows by it): 1 by vdpbf16ps
+// pairs (any number of rows), 0 widened to float32 (1-8 rows)
+extern "C" int carryover_cpu_products_bf16_pairs() {
+#ifdef CARRYOVER_BF16_PAIRS
+  return 1;
+#else
+  return 0;
+#endif
+}

@@ -27,11 +27,15 @@ from carryover_jax.models import cpu_kernels
 # time (generation at batch 16 0.91x the time of XLA's head, at 24 1.08x)
 MAX_ROWS = {"kn": 8, "nk": 8}
 F32_ROWS = {"kn": 64, "nk": 16}
+# bf16 w [K, N] where the kernel multiplies by avx512_bf16 pairs and the CPU has no AMX (whose XLA dots ran 2.2-3.7x
+# float32's at 64-2,048 rows): a batch's decode step, tiled (SmolLM2's 30 layers' Dense products 0.63x / 0.84x XLA's
+# time at 16 / 64 rows, 0.98x at 128; a batch-64 AR step 1.12x as fast: docs/experiments/bf16-pairs-2026-12-05)
+BF16_PAIR_ROWS = 64
 # the custom calls by (layout, operand dtype): w [K, N] ("kn"), e [N, K] ("nk": a tied head's rows); the
 # names carry a version (a changed kernel gets new ones, so a cached program never calls an older kernel)
 SYMBOLS = {("kn", "float32"): "CarryoverCpuProducts", ("nk", "float32"): "CarryoverCpuProductsRows",
            ("kn", "bfloat16"): "CarryoverCpuProductsBf16", ("nk", "bfloat16"): "CarryoverCpuProductsRowsBf16"}
-TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v4" for key in SYMBOLS}
+TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v5" for key in SYMBOLS}
 
 
 @functools.cache
@@ -41,12 +45,27 @@ def available() -> bool:
                                 "numerics: decode_products 'stream' falls back to XLA's dot")
 
 
+@functools.cache
+def bf16_pairs() -> bool:
+    """Whether the built kernel multiplies bf16 w [K, N] by avx512_bf16 pairs (any number of rows)."""
+    return available() and bool(cpu_kernels.library().carryover_cpu_products_bf16_pairs())
+
+
+def most_rows(layout: str, dtype) -> int:
+    """The most lhs rows the model sends the kernel for a product of this layout and operand dtype."""
+    if jnp.dtype(dtype) == jnp.float32:
+        return F32_ROWS[layout]
+    if layout == "kn" and bf16_pairs() and "amx_bf16" not in cpu_kernels.cpu_flags():
+        return BF16_PAIR_ROWS
+    return MAX_ROWS[layout]
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def products(x: jax.Array, w: jax.Array, layout: str = "kn") -> jax.Array:
     """x [M, K] . w -> float32 [M, N] by the kernel (CPU only) for 1 <= M <= 8, x and w both float32 or both
     bf16, w [K, N] ("kn") or [N, K] ("nk", a tied head's embedding); in float32 also 9-24 rows, and any number
-    against w [K, N] (the model sends up to F32_ROWS[layout] rows). Differentiable (the backward pass is XLA's
-    dots); under vmap each example is its own call."""
+    against w [K, N], as in bf16 where `bf16_pairs()` (the model sends up to `most_rows` rows). Differentiable (the
+    backward pass is XLA's dots); under vmap each example is its own call."""
     if not available():
         raise RuntimeError("the CPU products kernel is unavailable on this machine (see the warning above)")
     n = w.shape[1] if layout == "kn" else w.shape[0]
@@ -71,14 +90,13 @@ products.defvjp(_products_fwd, _products_bwd)
 def layout_of(lhs, rhs, dimension_numbers) -> str | None:
     """"kn" / "nk" for a `dot_general` the kernel computes: float32 or bf16 operands (both the same), a
     [.., K] lhs against a 2-D [K, N] rhs (a Dense layer's kernel) or [N, K] rhs (a tied embedding), no batch
-    dimensions, 1 to MAX_ROWS[layout] lhs rows (float32: F32_ROWS[layout]); else None."""
+    dimensions, 1 to `most_rows` lhs rows; else None."""
     (lc, rc), (lb, rb) = dimension_numbers
     layout = {(0,): "kn", (1,): "nk"}.get(tuple(rc))
     if (layout is None or lhs.dtype != rhs.dtype or lhs.dtype not in (jnp.float32, jnp.bfloat16) or rhs.ndim != 2
             or lhs.ndim < 1 or lb or rb or tuple(lc) != (lhs.ndim - 1,) or 0 in rhs.shape):
         return None
-    most = (F32_ROWS if lhs.dtype == jnp.float32 else MAX_ROWS)[layout]
-    return layout if 1 <= math.prod(lhs.shape[:-1]) <= most else None
+    return layout if 1 <= math.prod(lhs.shape[:-1]) <= most_rows(layout, lhs.dtype) else None
 
 
 def dot(lhs, rhs, dimension_numbers, plain):

@@ -62,7 +62,7 @@ def accumulate_f32(lhs, rhs, dimension_numbers, precision=None, preferred_elemen
     natively (~2x float32's rate where the CPU has avx512_bf16 / AMX; one-row products: `dot_f32`). On
     GPUs the gemm accumulates in float32 either way: the rounding is the same. `f32_out` keeps the float32
     result (an LM head's logits). `products` is the run's `Numerics.decode_products` ("stream": a float32
-    or bf16 product of 1-8 rows, or a float32 one of up to `cpu_products.F32_ROWS`, lowered for CPU runs
+    or bf16 product of 1-8 rows, or more up to `cpu_products.most_rows`, lowered for CPU runs
     `cpu_products`' kernel)."""
     del preferred_element_type, kw
     plain = functools.partial(dot_f32, dimension_numbers=dimension_numbers, precision=precision)
