@@ -1,4 +1,8 @@
-// bf16 tiled products by vdpbf16ps: y[M,N] = x[M,K] . w[K,N], x, w bf16 (bits), y float32.
+// The first sketch of the bf16 tiles by vdpbf16ps, outside XLA: y[M, N] = x[M, K] . w[K, N], x and w bf16 (bits), y
+// float32, SmolLM2's 30 layers' Dense shapes, the columns split over 2 threads (the caller and a spinning worker).
+// First checks the instruction's arithmetic on this CPU against a scalar emulation of both pair orders, then times
+// tile variants (MR rows x NG groups of 32 columns, KC rows of w a panel).
+//   g++ -O3 -march=native -std=c++17 pairs_standalone.cc -o pairs -lpthread && ./pairs M REPS
 #include <immintrin.h>
 #include <atomic>
 #include <chrono>
