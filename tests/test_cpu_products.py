@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(not cp.available(), reason="no C++ compiler for 
 
 # K, N: tails of K % 4, N % 16, K < 4, N = 1; for e [N, K] N % 4 (rows of e read 4 at a time), N below the rows
 # prefetched ahead; for float32's 9-24-row loops and w [K, N]'s tiled loop (25+ rows) N = 96 + 2 x 16 + 2 (a full
-# column tile, two 16-column ones and a tail) with K over one panel (96) in each of its chunks
+# column tile, two 16-column ones and a tail; by bf16 pairs one 32-column tile and a tail) with K over one panel (96)
+# in each of its chunks; odd K (37, 3) for the pairs' last row alone
 SHAPES = ((576, 192), (37, 19), (3, 16), (130, 1), (1536, 576), (64, 7), (250, 130))
 
 

@@ -24,9 +24,9 @@
 // docs/experiments/bf16-pairs-2026-12-05).
 //
 // Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix): for each
-// chunk of K (the split depends on K and the pool's size only) one float32 multiply-add chain in k order, the
-// chunks' sums added in order. So a token's products in a P + 1-row verification equal, bit for bit, its products
-// in a one-row AR step, and a row's products are the same at any batch size.
+// chunk of K (the split depends on K and the pool's size only) one float32 multiply-add chain in k order (by bf16
+// pairs: one chain of pairs), the chunks' sums added in order. So a token's products in a P + 1-row verification
+// equal, bit for bit, its products in a one-row AR step, and a row's products are the same at any batch size.
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -207,7 +207,7 @@ inline void pair_rows(const uint16_t* a, const uint16_t* b, __m512i& lo, __m512i
   lo = _mm512_unpacklo_epi16(va, vb);
   hi = _mm512_unpackhi_epi16(va, vb);
 }
-// (x[k], x[k + 1]) in every lane (x[k + 1] = 0 past K's end)
+// (x[k], x[k + 1]) in every lane; x_last: (x[k], 0) for K's last row where K is odd
 inline __m512i x_pair(const uint16_t* x) {
   int32_t p;
   std::memcpy(&p, x, sizeof p);
