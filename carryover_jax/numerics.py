@@ -235,16 +235,19 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU computes bf16 dots natively (Linux: /proc/cpuinfo's flags; elsewhere assumed)."""
-    if cpuinfo is None:
-        cpuinfo = _cpuinfo()
-        if cpuinfo is None:
-            return True  # no way to tell: no warning
+    if cpuinfo is None and _cpuinfo() is None:
+        return True  # no way to tell: no warning
+    return bool(cpu_flags(cpuinfo) & set(BF16_CPU_FLAGS))
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo (or `cpuinfo`) lists them; empty where it cannot be read."""
     flags = set()
-    for line in cpuinfo.splitlines():
+    for line in (cpuinfo if cpuinfo is not None else _cpuinfo() or "").splitlines():
         key, _, val = line.partition(":")
         if key.strip() in ("flags", "Features"):
             flags.update(val.split())
-    return bool(flags & set(BF16_CPU_FLAGS))
+    return frozenset(flags)
 
 
 @functools.cache

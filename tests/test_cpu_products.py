@@ -12,7 +12,6 @@ import pytest
 from carryover_jax import load_target
 from carryover_jax import numerics as N
 from carryover_jax.errors import ConfigError
-from carryover_jax.models import cpu_kernels
 from carryover_jax.models import cpu_products as cp
 from carryover_jax.models.target import TargetLM
 from carryover_jax.numerics import Numerics
@@ -98,7 +97,7 @@ def test_the_model_lowers_the_kernel_only_where_it_applies(tiny_llama):
         assert text.count(cp.TARGETS["nk", "float32"]) == (rows <= most["nk"]), rows
     bf16 = _cfg(tiny_llama, dtype="bfloat16")
     bf16_most = cp.most_rows("kn", "bfloat16")  # 8, or a batch's step by avx512_bf16 pairs on a CPU without AMX
-    assert bf16_most == (cp.BF16_PAIR_ROWS if cp.bf16_pairs() and "amx_bf16" not in cpu_kernels.cpu_flags() else 8)
+    assert bf16_most == (cp.BF16_PAIR_ROWS if cp.bf16_pairs() and "amx_bf16" not in N.cpu_flags() else 8)
     assert _program(bf16, bf16_most).count(cp.TARGETS["kn", "bfloat16"]) == 7 * 3 + 1
     for cfg, rows, platform in ((stream, most["kn"] + 1, "cpu"),  # more rows than it takes: XLA's kernel
                                 (bf16, bf16_most + 1, "cpu"),  # bf16 above them: XLA's

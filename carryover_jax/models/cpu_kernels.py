@@ -8,7 +8,6 @@ line (`register`); `CARRYOVER_CPU_KERNELS=0` turns the kernels off.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import platform
@@ -25,17 +24,6 @@ SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_products.cc", "cpu_at
 HEADERS = (Path(__file__).with_name("cpu_common.h"),)
 _REGISTERED: set[str] = set()  # the custom calls this process has registered
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return frozenset()
-    return frozenset(w for ln in lines if ln.split(":")[0].strip() in ("flags", "Features")
-                     for w in ln.split(":", 1)[-1].split())
 
 
 def _cpu_identity() -> str:

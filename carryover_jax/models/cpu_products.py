@@ -18,6 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from carryover_jax import numerics
 from carryover_jax.models import cpu_kernels
 
 # the most lhs rows the kernel takes, per layout: 1-8 in bf16 (above, XLA's AMX / avx512_bf16 dots), and in
@@ -29,7 +30,7 @@ MAX_ROWS = {"kn": 8, "nk": 8}
 F32_ROWS = {"kn": 64, "nk": 16}
 # bf16 w [K, N] where the kernel multiplies by avx512_bf16 pairs and the CPU has no AMX (whose XLA dots ran 2.2-3.7x
 # float32's at 64-2,048 rows): a batch's decode step, tiled (SmolLM2's 30 layers' Dense products 0.63x / 0.84x XLA's
-# time at 16 / 64 rows, 0.98x at 128; a batch-64 AR step 1.12x as fast: docs/experiments/bf16-pairs-2026-12-05)
+# time at 16 / 64 rows, 0.98x at 128; whole batch-64 generations 1.06x as fast: docs/experiments/bf16-pairs-2026-12-05)
 BF16_PAIR_ROWS = 64
 # the custom calls by (layout, operand dtype): w [K, N] ("kn"), e [N, K] ("nk": a tied head's rows); the
 # names carry a version (a changed kernel gets new ones, so a cached program never calls an older kernel)
@@ -55,7 +56,7 @@ def most_rows(layout: str, dtype) -> int:
     """The most lhs rows the model sends the kernel for a product of this layout and operand dtype."""
     if jnp.dtype(dtype) == jnp.float32:
         return F32_ROWS[layout]
-    if layout == "kn" and bf16_pairs() and "amx_bf16" not in cpu_kernels.cpu_flags():
+    if layout == "kn" and bf16_pairs() and "amx_bf16" not in numerics.cpu_flags():
         return BF16_PAIR_ROWS
     return MAX_ROWS[layout]
 
