@@ -176,3 +176,53 @@ def test_bf16_decode_loop_widens_no_embedding_to_float32(tiny_llama):
     cols = jnp.asarray([1, 2], jnp.int32)
     np.testing.assert_array_equal(np.asarray(take(table, cols, axis=1), np.float32),
                                   np.asarray(jnp.take(table, cols, axis=1), np.float32))
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    return np.asarray(jnp.asarray(x, jnp.float32).astype(jnp.bfloat16), np.float64)
+
+
+def _ulps(got, want) -> np.ndarray:
+    """|got - want| in units of bf16's spacing at want (8 bits of mantissa)."""
+    spacing = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(want), 1e-30))) - 7)
+    return np.abs(np.asarray(got, np.float64) - want) / spacing
+
+
+def test_cpu_bf16_rope_rounds_once(tiny_llama):
+    """On a CPU a bf16 model's q and k leave RoPE rounded once from the projections' float32 accumulators
+    (`Attention._rope`): within half a bf16 spacing (plus float32's error) of a float64 reference, where HF's form
+    (the projection rounded, every RoPE op rounding) is not; v is its projection rounded once, as in HF."""
+    from carryover_jax.models.layers import Attention
+    from carryover_jax.models.target import target_inv_freq
+
+    t = load_target(tiny_llama.path, tokenizer=False, dtype="bfloat16")
+    c, p = t.cfg, t.params["layers"]["0"]["self_attn"]
+    assert not c.qk_norm
+    attn = Attention(embed_dim=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+                     head_dim=c.head_dim, inv_freq=target_inv_freq(c, 0),
+                     eps=c.rms_norm_eps, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, products="stream")
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 9, c.hidden_size)), jnp.bfloat16)
+    pos = jnp.broadcast_to(jnp.arange(40, 49, dtype=jnp.int32), (2, 9))
+    q = jax.jit(lambda p, x, s: attn.apply({"params": p}, x, s, method=Attention.queries))(p, x, pos)
+    k, v = jax.jit(lambda p, x, s: attn.apply({"params": p}, x, s, method=Attention.keys_values))(p, x, pos)
+    assert q.dtype == k.dtype == v.dtype == jnp.bfloat16
+
+    x64 = np.asarray(x, np.float64)
+    ang = np.arange(40, 49)[:, None] * np.asarray(target_inv_freq(c, 0), np.float64)[None]
+    cos, sin = (np.concatenate([f(ang), f(ang)], -1)[None, :, None] for f in (np.cos, np.sin))
+
+    def head(name, heads):
+        return (x64 @ np.asarray(p[name]["kernel"], np.float64)).reshape(2, 9, heads, c.head_dim)
+
+    def rope(y, rounding):
+        half = y.shape[-1] // 2
+        rot = np.concatenate([-y[..., half:], y[..., :half]], -1)
+        return rounding(rounding(y * rounding(cos)) + rounding(rot * rounding(sin)))
+
+    for got, name, heads in ((q, "q_proj", c.num_heads), (jnp.swapaxes(k, 1, 2), "k_proj", c.num_kv_heads)):
+        y = head(name, heads)
+        want = rope(y, lambda a: a)
+        assert _ulps(got, want).max() <= 0.5 + 1e-2, name
+        assert _ulps(rope(_bf16(y), _bf16), want).max() > 0.5 + 1e-2, name  # HF's bf16 RoPE: several roundings
+    want_v = (x64 @ np.asarray(p["v_proj"]["kernel"], np.float64)).reshape(2, 9, c.num_kv_heads, c.head_dim)
+    assert _ulps(jnp.swapaxes(v, 1, 2), want_v).max() <= 0.5 + 1e-2

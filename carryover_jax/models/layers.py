@@ -514,8 +514,9 @@ class Attention(nn.Module):
     def setup(self):
         kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype, products=self.products)
         hd = self.head_dim
-        self.q_proj = dense(self.num_heads * hd, "q_proj", ("embed", "heads"), **kw)
-        self.k_proj = dense(self.num_kv_heads * hd, "k_proj", ("embed", "kv_heads"), **kw)
+        # q and k keep the products' float32 accumulators for RoPE (`_rope`)
+        self.q_proj = dense(self.num_heads * hd, "q_proj", ("embed", "heads"), f32_out=True, **kw)
+        self.k_proj = dense(self.num_kv_heads * hd, "k_proj", ("embed", "kv_heads"), f32_out=True, **kw)
         if not self.k_eq_v:
             self.v_proj = dense(self.num_kv_heads * hd, "v_proj", ("embed", "kv_heads"), **kw)
         self.o_proj = dense(self.embed_dim, "o_proj", ("heads", "embed"), **kw)
@@ -529,19 +530,32 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
         if self.qk_norm:
-            q = self.q_norm(q)
-        return apply_rope(q, positions, np.asarray(self.inv_freq, np.float32))
+            q = self.q_norm(q.astype(self.dtype))
+        return self._rope(q, positions)
+
+    def _rope(self, x: Array, positions: Array) -> Array:
+        """RoPE of a projection's float32 accumulator (or a normed head), in the compute dtype. On CPU computed in
+        float32 and rounded once: XLA CPU runs bf16 elementwise ops as float32 ones rounding after each, and a bf16
+        RoPE fused with the head-major transpose took ~10x a float32 one (a bf16 SmolLM2 prefill: ~8% of its time).
+        Elsewhere in the compute dtype, as HF does (a GPU fuses it)."""
+        inv = np.asarray(self.inv_freq, np.float32)
+        if jnp.dtype(self.dtype) == jnp.float32:
+            return apply_rope(x, positions, inv)
+        return jax.lax.platform_dependent(
+            cpu=lambda: apply_rope(x.astype(jnp.float32), positions, inv).astype(self.dtype),
+            default=lambda: apply_rope(x.astype(self.dtype), positions, inv))
 
     def keys_values(self, x: Array, positions: Array) -> tuple[Array, Array]:
         """Head-major k, v [B, Hkv, T, D] (the KV cache layout)."""
         b, t, _ = x.shape
         k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        v = k if self.k_eq_v else self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        narrow = k.astype(self.dtype)
+        v = narrow if self.k_eq_v else self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            k = self.k_norm(k)
+            k = self.k_norm(narrow)
         if self.v_norm:  # weightless: no submodule, no param
             v = _normalize(v, self.eps).astype(self.dtype)
-        k = apply_rope(k, positions, np.asarray(self.inv_freq, np.float32))
+        k = self._rope(k, positions)
         return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
 
     def attend(self, q: Array, segments) -> Array:
