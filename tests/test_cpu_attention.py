@@ -12,7 +12,7 @@ from carryover_jax import numerics as N
 from carryover_jax.models import cpu_attention as ca
 from carryover_jax.models import cpu_kernels
 from carryover_jax.models.cache import BITS
-from carryover_jax.models.layers import NEG_INF, Blockwise, LiveMask, attention_core
+from carryover_jax.models.layers import NEG_INF, Blockwise, LiveMask, Prefix, attention_core
 from carryover_jax.numerics import Numerics
 
 pytestmark = pytest.mark.skipif(not ca.available(), reason="no C++ compiler for the CPU kernel")
@@ -110,6 +110,34 @@ def test_backend_cpu_equals_einsum_with_segments_merged_and_vmap():
     qs = jnp.stack([q, -q])
     np.testing.assert_allclose(jax.vmap(lambda x: run("cpu", x))(qs), jax.vmap(lambda x: run("einsum", x))(qs),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_prefix_segments_run_the_kernel_forward_and_einsums_backward():
+    """A `Prefix` segment under "cpu" (a causal cache-free forward, training's context masks): the kernel's forward
+    and einsum's gradients, equal to einsum's own to float32 rounding, with rows that see nothing and a lower bound."""
+    rng = np.random.default_rng(5)
+    b, t, h, hkv, d, s = 3, 6, 4, 2, 16, 20
+    q = jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(b, hkv, s, d)), jnp.float32) for _ in range(2))
+    causal = jnp.broadcast_to(jnp.arange(1, t + 1, dtype=jnp.int32), (b, t))
+    masks = [Prefix(causal), Prefix(jnp.asarray([[20] * t, [0] * t, [3, 3, 0, 9, 9, 20]], jnp.int32),
+                                    lower=jnp.asarray([[0] * t, [0] * t, [1, 2, 0, 0, 5, 11]], jnp.int32))]
+
+    def loss(backend, q, k, v, mask):
+        out = attention_core(q, [(k, v, mask)], 0.3, backend)
+        return jnp.sum(out * jnp.sin(jnp.arange(out.size, dtype=jnp.float32).reshape(out.shape))), out
+
+    for mask in masks:
+        (_, got), g_got = jax.jit(jax.value_and_grad(lambda *a: loss("cpu", *a, mask), (0, 1, 2), has_aux=True))(
+            q, k, v)
+        (_, want), g_want = jax.jit(jax.value_and_grad(lambda *a: loss("einsum", *a, mask), (0, 1, 2),
+                                                       has_aux=True))(q, k, v)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+        for a, w in zip(g_got, g_want):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(w), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(got)[1], 0.0)  # row 1 sees no key
+    text = jax.jit(lambda q, k, v: loss("cpu", q, k, v, masks[0])[1]).lower(q, k, v).as_text()
+    assert ca.TARGETS["float32"] in text
 
 
 def _program(backend, d, platform="cpu", dtype=jnp.float32) -> str:

@@ -1,4 +1,4 @@
-"""A decode step's attention over a cache segment on the CPU (`LiveMask` segments): the kernel of
+"""Attention over a cache segment (`LiveMask`) or a per-query key range (`Prefix`) on the CPU: the kernel of
 `cpu_attention.cc`, an XLA FFI custom call (`cpu_kernels` builds and registers it).
 
 XLA CPU reads a cache segment in 128-slot chunks up to the batch's longest row (`layers._live_loop`), its small
@@ -7,7 +7,8 @@ intra-op threads (when the pairs are too few to keep the threads busy, as at bat
 split over them, each part reading the pair's slots), and computes every query's scores and sums in one order
 whatever the query count: a token's attention in a verification equals its attention in an AR step bit for bit. The
 attention backend "cpu" (the CPU default) uses it; on a machine where it cannot be built, "cpu" is "einsum" with a
-one-line warning. Forward only (decoding), like the loop it replaces.
+one-line warning. Forward only: the loop it replaces served decoding alone; a `Prefix` segment (a cache-free
+forward: prepare's features, training's masks) pairs it with einsum's backward (`layers._prefix_kernel`).
 """
 
 from __future__ import annotations

@@ -186,7 +186,8 @@ class Prefix:
     context positions < its anchor: `limit` = the anchor repeated over the block's T queries, 0 for
     unused anchor slots), DVD verification's recorded prefix, a causal prefix (limit = position + 1),
     per-row lengths (limit constant over t). The einsum and xla backends materialise it as a dense
-    [B, T, S] mask; the pallas backend computes it inside the kernel from the two [B, T] vectors."""
+    [B, T, S] mask; the pallas backend computes it inside the kernel from the two [B, T] vectors, and so does
+    the CPU kernel under "cpu" (forward only: the backward is einsum's)."""
 
     limit: Array  # [B, T] int
     lower: Array | None = None  # [B, T] int
@@ -204,9 +205,10 @@ class Prefix:
 #   chunks up to the longest live row (a traced trip count: CPU decode cost follows the live length);
 #   on accelerators one masked read of the whole buffer (a data-dependent loop there costs a
 #   device-to-host handshake per iteration).
-# - "cpu" (the CPU default): einsum, except `LiveMask` segments lowered for CPU, which run the CPU kernel
-#   (`cpu_attention.live_attention`: each row's own slots read once; a query's result the same at any query
-#   count), where it is built and takes the head dim; einsum's masked read where lowered for other platforms.
+# - "cpu" (the CPU default): einsum, except `LiveMask` and `Prefix` segments lowered for CPU, which run the CPU
+#   kernel (`cpu_attention.live_attention`: each row's own slots read once; a query's result the same at any query
+#   count), where it is built and takes the head dim; a `Prefix` segment's backward is einsum's (training); einsum's
+#   masked read where lowered for other platforms.
 # - "xla" / "cudnn": an attention of one dense or `Prefix` segment (the target's cache-free forward:
 #   training features) in one jax.nn.dot_product_attention call (implementation "xla", or "cudnn" for
 #   bf16/fp16 when this process runs on a GPU: jax's cuDNN path needs cuDNN present at trace time);
@@ -302,6 +304,8 @@ def _attention(q: Array, segments, scale: float, backend: str) -> Array:
             parts.append(_live_part(qg, k, v, mask, scale, kernel=backend == "cpu"))
         elif isinstance(mask, Prefix) and backend in KERNEL_BACKENDS:
             parts.append(_pallas_part(qg, k, v, mask, scale))
+        elif isinstance(mask, Prefix) and backend == "cpu" and cpu_attention.applies(d, k.dtype):
+            parts.append(_prefix_cpu_part(qg, k, v, mask, scale))
         else:
             dense_mask = mask.dense(k.shape[2]) if isinstance(mask, Prefix) else mask
             parts.append(_dense_part(qg, k, v, dense_mask[:, None, None, :, :], scale))
@@ -346,6 +350,38 @@ def _pallas_part(qg: Array, k: Array, v: Array, mask: Prefix, scale: float):
     # the `where`s stop the merge's 0 * inf cotangents of empty rows (denominator 0) at the kernel
     return (jnp.where(seen, lse, NEG_INF), seen.astype(jnp.float32),
             jnp.where(seen, out.reshape(b, hkv, g, t, d), 0.0))
+
+
+def _prefix_cpu_part(qg: Array, k: Array, v: Array, mask: Prefix, scale: float):
+    """A `Prefix` segment, backend "cpu": lowered for CPU, the forward by the CPU attention kernel where it is built
+    (each query reads its own key range: a causal forward computes half the scores einsum does, and no [T, S] mask),
+    the backward einsum's; elsewhere einsum's dense part."""
+    dense = lambda: _dense_part(qg, k, v, mask.dense(k.shape[2])[:, None, None], scale)  # noqa: E731
+    if not cpu_attention.available():
+        return dense()
+    lower = jnp.zeros_like(mask.limit) if mask.lower is None else mask.lower
+    return jax.lax.platform_dependent(cpu=lambda: _prefix_kernel(qg, k, v, mask.limit, lower, scale), default=dense)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _prefix_kernel(qg, k, v, limit, lower, scale):
+    return cpu_attention.live_attention(qg, k, v, limit, lower, scale)
+
+
+def _prefix_kernel_fwd(qg, k, v, limit, lower, scale):
+    return _prefix_kernel(qg, k, v, limit, lower, scale), (qg, k, v, limit, lower)
+
+
+def _prefix_kernel_bwd(scale, res, cts):
+    """Training's gradients through einsum's part (the kernel is forward only): the same function, its products
+    summed in another order."""
+    qg, k, v, limit, lower = res
+    m5 = Prefix(limit, lower).dense(k.shape[2])[:, None, None]
+    _, vjp = jax.vjp(lambda q_, k_, v_: _dense_part(q_, k_, v_, m5, scale), qg, k, v)
+    return (*vjp(cts), None, None)
+
+
+_prefix_kernel.defvjp(_prefix_kernel_fwd, _prefix_kernel_bwd)
 
 
 def _dpa_single(q: Array, k: Array, v: Array, mask, scale: float, backend: str) -> Array:
