@@ -122,3 +122,26 @@ def test_a_store_keeps_the_layout_it_was_created_with(tmp_path):
     rec = ResponseStore.open(tmp_path / "new").get(0)
     np.testing.assert_array_equal(rec["target_lse"], out["target_lse"])
     assert "target_lse" not in ResponseStore.open(tmp_path / "new").get(0, features=False)
+
+
+def test_the_feature_forward_in_passes_equals_one_pass(monkeypatch):
+    """Prepare's feature forward runs in passes of `FEATURE_PASS_TOKENS` token rows on CPU (5 sequences in passes of
+    2: the last pass padded): every stored output equals the one-pass forward's to float32 rounding, and only the
+    passes' program loops over them."""
+    from carryover_jax.train import responses
+
+    tp = init_params(TCFG, jax.random.key(1))
+    ids = jnp.asarray(np.random.default_rng(4).integers(1, 32, (5, 24)), jnp.int32)
+    outs, texts = [], []
+    for tokens in (10 ** 9, 2 * 24):
+        monkeypatch.setattr(responses, "FEATURE_PASS_TOKENS", tokens)  # read when traced: a new jit per setting
+        f = jax.jit(lambda p, x: responses._features.__wrapped__(p, x, cfg=TCFG, layer_ids=LAYERS, kv_dtype="float32"))
+        outs.append(jax.device_get(f(tp, ids)))
+        texts.append(f.lower(tp, ids).compile().as_text())
+    whole, passes = outs
+    assert set(whole) == set(passes) == {"features", "last_hidden", "target_lse", "kv"}
+    for k in whole:
+        assert whole[k].shape == passes[k].shape and whole[k].shape[:2] == (5, 24), k
+        np.testing.assert_allclose(np.asarray(passes[k], np.float32), np.asarray(whole[k], np.float32),
+                                   rtol=1e-2 if whole[k].dtype == jnp.bfloat16 else 1e-5, atol=1e-5, err_msg=k)
+    assert " while(" not in texts[0].split("ENTRY")[1] and " while(" in texts[1].split("ENTRY")[1]
