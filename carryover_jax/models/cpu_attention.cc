@@ -13,11 +13,15 @@
 // Every query's result depends on its own q, its slots and D only (its scores in slot order, its sums in slot
 // order with one lane tree), never on R, T or the other rows: a token's attention in a verification of P + 1
 // tokens equals, bit for bit, its attention in a one-token AR step over the same cache.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "cpu_common.h"
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -159,10 +163,175 @@ AttendFn<KV> attend_fn(int64_t nv) {  // unrolled for the common head dims 16, 3
   }
 }
 
-// q [B, Hkv, R, D] float32 (row r = g * T + t: query head g of the group at query t), k/v [B, Hkv, S, D],
-// limit/lower [B, T] int32 -> m, l [B, Hkv, R], o [B, Hkv, R, D] float32.
-template <ffi::DataType T>
-ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<T> k, ffi::Buffer<T> v,
+// --- bf16 queries, keys and values (a cache-free forward's `Prefix` segment in bf16: many queries a K/V head) ---
+// Products of bf16 pairs with float32 sums (AVX512-BF16's VDPBF16PS where the CPU has it): scores in tiles of 16
+// queries (a vector lane each, packed in pairs of dims) x 16 keys (each pair broadcast from the key's row), outputs in
+// tiles of 4 queries x D over the values packed in pairs of slots, the probabilities rounded to bf16 as einsum's bf16
+// part rounds them (`layers._dense_part`). A query's result depends on its own q, slots and D only: every sum runs in
+// one order, over slot pairs that start at even slots, and slots outside its range add exact zeros. Why: the float32
+// path widens bf16 queries and keys and sums by lane trees, ~105 GFLOP/s on a 2-core EPYC at a feature pass's
+// shapes, where this path runs ~2.2x as fast (docs/experiments/bf16-attention-2026-12-06).
+
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+inline u32x16 load32(const uint32_t* p) { u32x16 v; std::memcpy(&v, p, sizeof v); return v; }
+
+// acc + a.x b over each lane's bf16 pair: the odd element's product added first, then the even one's (VDPBF16PS)
+inline v16 dot2(v16 acc, u32x16 a, u32x16 b) {
+#if defined(__AVX512BF16__)
+  return (v16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
+#else
+  const u32x16 top = (u32x16){} + 0xFFFF0000u;
+  const u32x16 ah = a & top, bh = b & top, al = a << 16, bl = b << 16;
+  v16 fah, fbh, fal, fbl;
+  std::memcpy(&fah, &ah, 64), std::memcpy(&fbh, &bh, 64), std::memcpy(&fal, &al, 64), std::memcpy(&fbl, &bl, 64);
+  acc += fah * fbh;
+  return acc + fal * fbl;
+#endif
+}
+
+// two vectors of finite floats -> their bf16 roundings to nearest even (as astype(bfloat16)), lane by lane one pair:
+// a's in the low half, b's in the high half
+inline u32x16 bf16_pairs(v16 a, v16 b) {
+  u32x16 x, y;
+  std::memcpy(&x, &a, 64), std::memcpy(&y, &b, 64);
+  x = x + 0x7FFFu + ((x >> 16) & 1u);
+  y = y + 0x7FFFu + ((y >> 16) & 1u);
+  return (x >> 16) | (y & 0xFFFF0000u);
+}
+
+struct Bf16Scratch {
+  std::vector<uint32_t> qp;  // a tile's queries [pair of dims][16 queries]: bf16 pairs
+  std::vector<uint32_t> vp;  // values [pair of slots][D]: bf16 pairs
+  std::vector<float> sc;     // a tile's scores [slot][16 queries], -1e30 outside a query's range
+  std::vector<uint32_t> pb;  // a tile's probabilities in bf16 [pair of slots][16 queries]
+  std::vector<uint32_t> kpad;  // the last 16 keys' block where it runs past S
+};
+
+constexpr int kTileRows = 16, kOutRows = 4;
+typedef int32_t i16 __attribute__((vector_size(64)));
+
+// out[i, 16 NJ columns] for the rows i < `rows` of a group of `kOutRows`: the sum over slot pairs [0, pairs) of the
+// probabilities pb[pair * kTileRows + i] x the values vp[pair * D + 16 j] (`kOutRows` x NJ accumulators)
+template <int NJ>
+void values_tile(const uint32_t* pb, const uint32_t* vp, int64_t pairs, int64_t D, int64_t rows, float* out) {
+  v16 acc[kOutRows][NJ] = {};
+  for (int64_t pr = 0; pr < pairs; ++pr) {
+    u32x16 vv[NJ];
+    for (int j = 0; j < NJ; ++j) vv[j] = load32(vp + pr * D + 16 * j);
+    for (int i = 0; i < kOutRows; ++i) {
+      const u32x16 pv = (u32x16){} + pb[pr * kTileRows + i];
+      for (int j = 0; j < NJ; ++j) acc[i][j] = dot2(acc[i][j], pv, vv[j]);
+    }
+  }
+  for (int i = 0; i < kOutRows; ++i)  // constant bounds: the accumulators stay in registers
+    for (int j = 0; j < NJ; ++j)
+      if (i < rows) store(out + i * D + 16 * j, acc[i][j]);
+}
+
+// One (batch row, K/V head): q [R, D], k/v [S, D] as bf16 bits, slot ranges [lo[r], hi[r]) -> m [R], l [R], o [R, D].
+// Queries go in tiles of 16, one per vector lane: scores [slot][16 queries] by 16 slots at a time (the keys' pairs
+// broadcast from their rows, the tile's queries packed in pairs once), then each lane's max, exp and sums down the
+// slots, then the outputs over the tile's slot pairs (a slot outside a query's range: probability 0, an exact 0).
+template <int NV>  // D / 16 (0: from D at run time)
+void attend_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int64_t* lo, const int64_t* hi,
+                 int64_t R, int64_t S, int64_t D_, float scale, float* m, float* l, float* o, Bf16Scratch& w) {
+  const int64_t D = NV > 0 ? 16 * NV : D_, P = D / 2, nv = D / 16;
+  int64_t begin = INT64_MAX, end = 0;
+  for (int64_t r = 0; r < R; ++r)
+    if (lo[r] < hi[r]) begin = lo[r] < begin ? lo[r] : begin, end = hi[r] > end ? hi[r] : end;
+  std::memset(o, 0, sizeof(float) * R * D);
+  for (int64_t r = 0; r < R; ++r) m[r] = kNegInf, l[r] = 0.0f;
+  if (begin >= end) return;
+  // values in pairs of slots from an even slot: vp[(s - b0) / 2 * D + d] = dim d of slots s and s + 1 (0 past `end`)
+  typedef uint16_t u16x16 __attribute__((vector_size(32)));
+  const int64_t b0 = begin / 2 * 2, npairs = (end - b0 + 1) / 2;
+  w.vp.resize(npairs * D);
+  for (int64_t pr = 0; pr < npairs; ++pr)
+    for (int64_t j = 0; j < nv; ++j) {
+      const int64_t s = b0 + 2 * pr;
+      u16x16 a, b{};
+      std::memcpy(&a, v + s * D + 16 * j, 32);
+      if (s + 1 < end) std::memcpy(&b, v + (s + 1) * D + 16 * j, 32);
+      const u32x16 pair = __builtin_convertvector(a, u32x16) | __builtin_convertvector(b, u32x16) << 16;
+      std::memcpy(w.vp.data() + pr * D + 16 * j, &pair, 64);
+    }
+  w.qp.resize(P * kTileRows);
+  const uint32_t* k32 = reinterpret_cast<const uint32_t*>(k);
+  const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q);
+  for (int64_t t0 = 0; t0 < R; t0 += kTileRows) {
+    const int64_t rows = R - t0 < kTileRows ? R - t0 : kTileRows;
+    i16 lov{}, hiv{};
+    int64_t tlo = INT64_MAX, thi = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t a = lo[t0 + i], z = hi[t0 + i];
+      lov[i] = static_cast<int32_t>(a), hiv[i] = static_cast<int32_t>(z);
+      if (a < z) tlo = a < tlo ? a : tlo, thi = z > thi ? z : thi;
+    }
+    if (tlo >= thi) continue;
+    if (rows < kTileRows) std::fill(w.qp.begin(), w.qp.end(), 0u);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t p = 0; p < P; ++p) w.qp[p * kTileRows + i] = q32[(t0 + i) * P + p];
+    // slots [e0, e1): the tile's, from an even slot to an even count (a key past S is read as the last one, masked)
+    const int64_t e0 = tlo / 2 * 2, e1 = (thi + 1) / 2 * 2, n = e1 - e0;
+    if (static_cast<int64_t>(w.sc.size()) < (n + 15) / 16 * 16 * kTileRows) w.sc.resize((n + 15) / 16 * 16 * kTileRows);
+    if (static_cast<int64_t>(w.pb.size()) < n / 2 * kTileRows) w.pb.resize(n / 2 * kTileRows);
+    float* sc = w.sc.data();
+    const v16 neg = (v16){} + kNegInf;
+    v16 mx = neg;
+    for (int64_t s0 = e0; s0 < e1; s0 += 16) {
+      const uint32_t* kb = k32 + s0 * P;
+      if (s0 + 16 > S) {  // the last keys, copied with zero rows after them
+        w.kpad.assign(16 * P, 0u);
+        std::memcpy(w.kpad.data(), kb, sizeof(uint32_t) * (S - s0) * P);
+        kb = w.kpad.data();
+      }
+      v16 acc[16] = {};
+      for (int64_t p = 0; p < P; ++p) {
+        const u32x16 qv = load32(w.qp.data() + p * kTileRows);
+        for (int j = 0; j < 16; ++j) acc[j] = dot2(acc[j], (u32x16){} + kb[j * P + p], qv);
+      }
+      for (int j = 0; j < 16; ++j) {  // a slot outside a lane's range: -1e30 there; each lane's max
+        const i16 keep = (lov <= static_cast<int32_t>(s0 + j)) & (hiv > static_cast<int32_t>(s0 + j));
+        const v16 x = keep ? acc[j] * scale : neg;
+        mx = x > mx ? x : mx;
+        store(sc + (s0 - e0 + j) * kTileRows, x);
+      }
+    }
+    // exp(score - max), 0 outside a lane's range (-1e30 - max; an empty lane's max +inf), their sums in slot order
+    mx = lov < hiv ? mx : (v16){} + __builtin_inff();
+    v16 total{};
+    for (int64_t s = e0; s < e1; s += 2) {  // two slots: their probabilities rounded to bf16 into one pair
+      v16 pr[2];
+      for (int h = 0; h < 2; ++h) {
+        pr[h] = exp_nonpositive(load(sc + (s + h - e0) * kTileRows) - mx);
+        total += pr[h];
+      }
+      const u32x16 pair = bf16_pairs(pr[0], pr[1]);
+      std::memcpy(w.pb.data() + (s - e0) / 2 * kTileRows, &pair, 64);
+    }
+    for (int64_t i = 0; i < rows; ++i)
+      if (lov[i] < hiv[i]) m[t0 + i] = mx[i], l[t0 + i] = total[i];
+    // outputs: 4 rows x D at a time over the tile's slot pairs
+    const uint32_t* vp = w.vp.data() + (e0 - b0) / 2 * D;
+    for (int64_t i0 = 0; i0 < rows; i0 += kOutRows) {
+      const int64_t nr = rows - i0 < kOutRows ? rows - i0 : kOutRows;
+      float* out = o + (t0 + i0) * D;
+      const uint32_t* pb = w.pb.data() + i0;
+      int64_t j0 = 0;
+      for (; j0 + 4 <= nv; j0 += 4) values_tile<4>(pb, vp + 16 * j0, n / 2, D, nr, out + 16 * j0);
+      switch (nv - j0) {
+        case 1: values_tile<1>(pb, vp + 16 * j0, n / 2, D, nr, out + 16 * j0); break;
+        case 2: values_tile<2>(pb, vp + 16 * j0, n / 2, D, nr, out + 16 * j0); break;
+        case 3: values_tile<3>(pb, vp + 16 * j0, n / 2, D, nr, out + 16 * j0); break;
+      }
+    }
+  }
+}
+
+// q [B, Hkv, R, D] float32, or bf16 with bf16 k/v (the pairs' path above), the rest as `Attention` below.
+template <ffi::DataType TQ, ffi::DataType T>
+ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<TQ> q, ffi::Buffer<T> k, ffi::Buffer<T> v,
                      ffi::Buffer<ffi::S32> limit, ffi::Buffer<ffi::S32> lower, float scale,
                      ffi::ResultBuffer<ffi::F32> m, ffi::ResultBuffer<ffi::F32> l, ffi::ResultBuffer<ffi::F32> o) {
   using KV = ffi::NativeType<T>;
@@ -178,40 +347,64 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
     return ffi::Error::InvalidArgument("cpu_attention: shapes do not match q[B, Hkv, G*T, D], k[B, Hkv, S, D]");
   if (D % 16 != 0 || D / 16 > kMaxVectors)
     return ffi::Error::InvalidArgument("cpu_attention: the head dim must be a multiple of 16, at most 512");
-  const float* qs = q.typed_data();
-  const KV *ks = k.typed_data(), *vs = v.typed_data();
   const int32_t *lim = limit.typed_data(), *low = lower.typed_data();
   float *ms = m->typed_data(), *ls = l->typed_data(), *os = o->typed_data();
   const int64_t threads = pool.num_threads() < 1 ? 1 : pool.num_threads();
-  const AttendFn<KV> fn = attend_fn<KV>(D / 16);
-  // Fewer (row, K/V head) pairs than a few per thread (batch 1: SmolLM2's 3 K/V heads on 2 threads, a 1-K/V-head
-  // model on 1) leave threads idle or unevenly loaded: each pair's query rows are then split into `parts`, each
-  // part reading the pair's K/V on its own (a query's result does not depend on the other rows of its call). SmolLM2's
-  // AR generation at batch 1 took 0.93-0.94x the time from ~1k tokens of context (float32, alternated, 2026-12-05).
-  const int64_t pairs = B * H;
-  const int64_t parts = pairs % threads != 0 && pairs < 4 * threads ? (R < threads ? R : threads) : 1;
-  parallel_for(pool, pairs * parts, threads, [=](int64_t item) {
-    thread_local std::vector<float> scores;
-    const int64_t task = item / parts, part = item % parts, b = task / H;
-    const int64_t r0 = part * R / parts, r1 = (part + 1) * R / parts, n = r1 - r0;
-    std::vector<int64_t> lo(n), hi(n);
+  const auto ranges = [=](int64_t b, int64_t r0, int64_t r1, int64_t* lo, int64_t* hi) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t t = r % Tq, a = low[b * Tq + t], z = lim[b * Tq + t];
       lo[r - r0] = a < 0 ? 0 : a;
       hi[r - r0] = z > S ? S : z;
     }
-    fn(qs + (task * R + r0) * D, ks + task * S * D, vs + task * S * D, lo.data(), hi.data(), n, D / 16, scale,
-       ms + task * R + r0, ls + task * R + r0, os + (task * R + r0) * D, scores);
-  });
+  };
+  if constexpr (TQ == ffi::DataType::BF16) {
+    // each (row, K/V head)'s queries in parts of >= 96 rows (its keys and values packed once a part) where the
+    // pairs are too few to keep the threads busy (a batch-1 prefill)
+    const uint16_t *qs = reinterpret_cast<const uint16_t*>(q.typed_data()),
+                   *ks = reinterpret_cast<const uint16_t*>(k.typed_data()),
+                   *vs = reinterpret_cast<const uint16_t*>(v.typed_data());
+    const int64_t pairs = B * H, want = (4 * threads + pairs - 1) / pairs, most = R / 96 > 1 ? R / 96 : 1;
+    const int64_t parts = want < most ? want : most;
+    const auto fn = D == 64 ? attend_bf16<4> : D == 128 ? attend_bf16<8> : D == 256 ? attend_bf16<16> : attend_bf16<0>;
+    parallel_for(pool, pairs * parts, threads, [=](int64_t item) {
+      thread_local Bf16Scratch scratch;
+      const int64_t task = item / parts, part = item % parts, b = task / H;
+      const int64_t r0 = part * R / parts, r1 = (part + 1) * R / parts, n = r1 - r0;
+      std::vector<int64_t> lo(n), hi(n);
+      ranges(b, r0, r1, lo.data(), hi.data());
+      fn(qs + (task * R + r0) * D, ks + task * S * D, vs + task * S * D, lo.data(), hi.data(), n, S, D, scale,
+         ms + task * R + r0, ls + task * R + r0, os + (task * R + r0) * D, scratch);
+    });
+  } else {
+    const float* qs = q.typed_data();
+    const KV *ks = k.typed_data(), *vs = v.typed_data();
+    const AttendFn<KV> fn = attend_fn<KV>(D / 16);
+    // Fewer (row, K/V head) pairs than a few per thread (batch 1: SmolLM2's 3 K/V heads on 2 threads, a 1-K/V-head
+    // model on 1) leave threads idle or unevenly loaded: each pair's query rows are then split into `parts`, each
+    // part reading the pair's K/V on its own (a query's result does not depend on the other rows of its call).
+    // SmolLM2's AR generation at batch 1 took 0.93-0.94x the time from ~1k tokens of context (float32, alternated,
+    // 2026-12-05).
+    const int64_t pairs = B * H;
+    const int64_t parts = pairs % threads != 0 && pairs < 4 * threads ? (R < threads ? R : threads) : 1;
+    parallel_for(pool, pairs * parts, threads, [=](int64_t item) {
+      thread_local std::vector<float> scores;
+      const int64_t task = item / parts, part = item % parts, b = task / H;
+      const int64_t r0 = part * R / parts, r1 = (part + 1) * R / parts, n = r1 - r0;
+      std::vector<int64_t> lo(n), hi(n);
+      ranges(b, r0, r1, lo.data(), hi.data());
+      fn(qs + (task * R + r0) * D, ks + task * S * D, vs + task * S * D, lo.data(), hi.data(), n, D / 16, scale,
+         ms + task * R + r0, ls + task * R + r0, os + (task * R + r0) * D, scores);
+    });
+  }
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-#define CARRYOVER_BIND(T)               \
+#define CARRYOVER_BIND(TQ, T)           \
   ffi::Ffi::Bind()                      \
       .Ctx<ffi::ThreadPool>()           \
-      .Arg<ffi::Buffer<ffi::F32>>()     \
+      .Arg<ffi::Buffer<ffi::TQ>>()      \
       .Arg<ffi::Buffer<ffi::T>>()       \
       .Arg<ffi::Buffer<ffi::T>>()       \
       .Arg<ffi::Buffer<ffi::S32>>()     \
@@ -221,6 +414,9 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
       .Ret<ffi::Buffer<ffi::F32>>()     \
       .Ret<ffi::Buffer<ffi::F32>>()
 // a float32 or bf16 cache, or a bf16 cache kept as its uint16 bits (`models/cache.py`: a bitcast would copy it)
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttention, Attention<ffi::F32>, CARRYOVER_BIND(F32));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionBf16, Attention<ffi::BF16>, CARRYOVER_BIND(BF16));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionBits, Attention<ffi::U16>, CARRYOVER_BIND(U16));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttention, (Attention<ffi::F32, ffi::F32>), CARRYOVER_BIND(F32, F32));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionBf16, (Attention<ffi::F32, ffi::BF16>), CARRYOVER_BIND(F32, BF16));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionBits, (Attention<ffi::F32, ffi::U16>), CARRYOVER_BIND(F32, U16));
+// bf16 queries, keys and values: the pairs' path
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionBf16Pairs, (Attention<ffi::BF16, ffi::BF16>),
+                              CARRYOVER_BIND(BF16, BF16));

@@ -365,7 +365,7 @@ def _prefix_cpu_part(qg: Array, k: Array, v: Array, mask: Prefix, scale: float):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _prefix_kernel(qg, k, v, limit, lower, scale):
-    return cpu_attention.live_attention(qg, k, v, limit, lower, scale)
+    return cpu_attention.prefix_attention(qg, k, v, limit, lower, scale)
 
 
 def _prefix_kernel_fwd(qg, k, v, limit, lower, scale):

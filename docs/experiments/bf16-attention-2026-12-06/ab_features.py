@@ -1,0 +1,56 @@
+"""Prepare's feature pass (configs/smollm2: 32 random 320-token sequences, `train.responses._features`, in its
+passes of 8 sequences) in float32 and in bf16, the bf16 arms' attention by the CPU kernel's float32 path (queries
+widened, as before) or by its bf16 pairs' path (`cpu_attention.prefix_attention`, new); "bf16 pairs again" is the
+pairs' arm compiled a second time (the A/A). Whole calls, the arms rotated round by round in one process; ratios of
+mean times with 95% intervals over the rounds (`eval/paired.paired_bootstrap`) and the outputs' largest differences.
+
+    python ab_features.py ROUNDS"""
+import itertools
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from carryover_jax.config import zlab_layer_ids
+from carryover_jax.configs import load_config
+from carryover_jax.eval.paired import paired_bootstrap
+from carryover_jax.loading import load_target
+from carryover_jax.models import cpu_attention
+from carryover_jax.train import responses
+
+rounds = int(sys.argv[1])
+pairs = cpu_attention.prefix_attention
+arms, outs = {}, {}
+for name in ("float32", "bf16 float32 path", "bf16 pairs", "bf16 pairs again"):
+    cfg = load_config("smollm2")
+    if name.startswith("bf16"):
+        cfg = cfg.replace(numerics=cfg.numerics.replace(dtype="bfloat16"), compute_dtype=None)
+    t = load_target(cfg.target, numerics=cfg.run_numerics(prepare=True))
+    ids = tuple(cfg.data.feature_layer_ids or cfg.drafter.target_layer_ids or zlab_layer_ids(t.cfg.num_layers))
+    toks = jnp.asarray(np.random.default_rng(0).integers(10, t.cfg.vocab_size, (32, cfg.data.max_len)))
+    # read when the arm is traced (its first call, below)
+    cpu_attention.prefix_attention = cpu_attention.live_attention if "float32 path" in name else pairs
+    f = jax.jit(lambda p, x, t=t, ids=ids: responses._features.__wrapped__(p, x, cfg=t.cfg, layer_ids=ids,
+                                                                            kv_dtype=None))
+    outs[name] = jax.device_get(f(t.params, toks))
+    arms[name] = lambda f=f, p=t.params, x=toks: jax.block_until_ready(f(p, x))
+cpu_attention.prefix_attention = pairs
+names = list(arms)
+secs = {a: [] for a in names}
+for r in range(rounds):
+    for a in names[r % len(names):] + names[:r % len(names)]:
+        start = time.perf_counter()
+        arms[a]()
+        secs[a].append(time.perf_counter() - start)
+    print(f"round {r}: " + ", ".join(f"{a} {secs[a][-1]:.2f} s" for a in names), flush=True)
+for a, b in itertools.combinations(names, 2):
+    cmp = paired_bootstrap(secs[a], secs[b], min_prompts=2)  # gain: mean time of a over b's, minus 1
+    lo, hi = (1 + g / 100 for g in cmp["gain_pct_ci"])
+    print(f"{b} / {a} speed {1 + cmp['gain_pct'] / 100:.3f} [{lo:.3f}, {hi:.3f}] over {rounds} rounds "
+          f"(mean {np.mean(secs[a]):.2f} / {np.mean(secs[b]):.2f} s)")
+for a, b in (("bf16 pairs", "bf16 float32 path"), ("bf16 pairs", "bf16 pairs again"), ("bf16 pairs", "float32")):
+    print(f"{a} against {b}, largest |difference| (stored dtypes):",
+          {k: float(np.max(np.abs(np.asarray(outs[a][k], np.float32) - np.asarray(outs[b][k], np.float32))))
+           for k in outs[a]})
