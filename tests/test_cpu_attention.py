@@ -89,22 +89,25 @@ def test_kernel_equals_float64_and_every_query_its_own_call(d, dtype):
                 np.testing.assert_array_equal(a[:, :, :, 0], b[:, :, :, u], err_msg=f"{shape} query {u}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("d", [16, 48, 64, 128])
-def test_bf16_pairs_path_equals_float64_and_every_query_alone(d):
-    """bf16 queries, keys and values (`prefix_attention`: a cache-free forward's attention in bf16): tiles of 16
-    queries with a partial one, slot ranges from odd slots and past the last 16-key block of the buffer, rows that
-    see nothing, one (row, K/V head) pair whose queries the kernel splits into parts. Against float64 on the bf16
-    values: the statistics to float32 rounding, the output to the rounding of each probability to bf16 (as einsum's
-    bf16 part rounds it: tighter against that part than the float32 probabilities' output is); each query's
-    result bit for bit that of a call with only its own query."""
+def test_tiled_path_equals_float64_and_every_query_alone(d, dtype):
+    """The tiled path (`prefix_attention`: a cache-free forward's attention, q, k and v all float32 or all bf16):
+    tiles of 16 queries with a partial one, slot ranges from odd slots and past the last 16-key block of the buffer,
+    rows that see nothing, one (row, K/V head) pair whose queries the kernel splits into parts. Against float64 on
+    the inputs' values: the statistics to float32 rounding; the output to float32 rounding, in bf16 to the rounding
+    of each probability to bf16 (as einsum's bf16 part rounds it: tighter against that part than the float32
+    probabilities' output is). Each query's result bit for bit that of a call with only its own query."""
     rng = np.random.default_rng(d)
     for b, hkv, g, t, s in ((3, 2, 3, 13, 45), (1, 1, 2, 150, 161)):
-        qg = jnp.asarray(rng.normal(size=(b, hkv, g, t, d)), jnp.bfloat16)
-        k, v = (jnp.asarray(2 * rng.normal(size=(b, hkv, s, d)), jnp.bfloat16) for _ in range(2))
+        qg = jnp.asarray(rng.normal(size=(b, hkv, g, t, d)), dtype)
+        k, v = (jnp.asarray(2 * rng.normal(size=(b, hkv, s, d)), dtype) for _ in range(2))
         limit = np.minimum(rng.integers(1, s + 4, size=(b, t)), s + 3).astype(np.int32)  # some past the buffer
         lower = (rng.integers(0, 7, size=(b, t)) * (rng.random((b, t)) < 0.5)).astype(np.int32)
         limit[0, :3] = lower[0, :3]  # rows that see nothing
         f = jax.jit(lambda *a: ca.prefix_attention(*a, 0.3))
+        text = f.lower(qg, k, v, jnp.asarray(limit), jnp.asarray(lower)).as_text()
+        assert ca.TARGETS[f"tiles_{dtype}"] in text
         m, sm, o = (np.asarray(x) for x in f(qg, k, v, jnp.asarray(limit), jnp.asarray(lower)))
         want_m, want_s, want_o = _reference(qg, k, v, limit, lower, 0.3)
         seen = want_s > 0
@@ -114,13 +117,16 @@ def test_bf16_pairs_path_equals_float64_and_every_query_alone(d):
         np.testing.assert_allclose(m, want_m, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(sm, want_s, rtol=1e-5, atol=1e-5)
         out, want = o / np.maximum(sm, 1e-30), want_o / np.maximum(want_s, 1e-30)
-        np.testing.assert_allclose(out, want, atol=0.03)  # |v| ~ 2: probabilities to bf16, 2^-9 each
-        m5 = Prefix(jnp.asarray(limit), jnp.asarray(lower)).dense(s)[:, None, None]
-        em, es, eo = _dense_part(qg, k, v, m5, 0.3)  # einsum's bf16 part: probabilities rounded to bf16 too
-        e16 = np.asarray(eo / jnp.maximum(es, 1e-30))
-        em32, es32, eo32 = _dense_part(qg.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), m5, 0.3)
-        e32 = np.asarray(eo32 / jnp.maximum(es32, 1e-30))
-        assert np.max(np.abs(out - e16)) < 0.2 * np.max(np.abs(e32 - e16)), d
+        if dtype == "float32":
+            np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+        else:
+            np.testing.assert_allclose(out, want, atol=0.03)  # |v| ~ 2: probabilities to bf16, 2^-9 each
+            m5 = Prefix(jnp.asarray(limit), jnp.asarray(lower)).dense(s)[:, None, None]
+            _, es, eo = _dense_part(qg, k, v, m5, 0.3)  # einsum's bf16 part: probabilities rounded to bf16 too
+            e16 = np.asarray(eo / jnp.maximum(es, 1e-30))
+            _, es32, eo32 = _dense_part(*(x.astype(jnp.float32) for x in (qg, k, v)), m5, 0.3)
+            e32 = np.asarray(eo32 / jnp.maximum(es32, 1e-30))
+            assert np.max(np.abs(out - e16)) < 0.2 * np.max(np.abs(e32 - e16)), d
         for u in (0, 5, t - 1):  # bitwise: other queries never change a query's attention
             one = f(qg[:, :, :, u:u + 1], k, v, jnp.asarray(limit[:, u:u + 1]), jnp.asarray(lower[:, u:u + 1]))
             for a, x in zip(one, (m, sm, o)):
@@ -175,7 +181,7 @@ def test_prefix_segments_run_the_kernel_forward_and_einsums_backward():
             np.testing.assert_allclose(np.asarray(a), np.asarray(w), rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(got)[1], 0.0)  # row 1 sees no key
     text = jax.jit(lambda q, k, v: loss("cpu", q, k, v, masks[0])[1]).lower(q, k, v).as_text()
-    assert ca.TARGETS["float32"] in text
+    assert ca.TARGETS["tiles_float32"] in text
     q16, k16, v16 = (x.astype(jnp.bfloat16) for x in (q, k, v))  # bf16: the kernel's pairs path
     for mask in masks:
         got = jax.jit(lambda *a: attention_core(*a[:1], [(*a[1:], mask)], 0.3, "cpu"))(q16, k16, v16)
@@ -188,7 +194,7 @@ def test_prefix_segments_run_the_kernel_forward_and_einsums_backward():
             a, w = np.asarray(a, np.float32), np.asarray(w, np.float32)
             np.testing.assert_allclose(a, w, atol=0.02 * np.abs(w).max())
     text = jax.jit(lambda q, k, v: attention_core(q, [(k, v, masks[0])], 0.3, "cpu")).lower(q16, k16, v16).as_text()
-    assert ca.TARGETS["bf16_pairs"] in text and ca.TARGETS["float32"] not in text
+    assert ca.TARGETS["tiles_bfloat16"] in text and ca.TARGETS["tiles_float32"] not in text
 
 
 def _program(backend, d, platform="cpu", dtype=jnp.float32) -> str:

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_common.h"
@@ -200,65 +201,89 @@ inline u32x16 bf16_pairs(v16 a, v16 b) {
   return (x >> 16) | (y & 0xFFFF0000u);
 }
 
-struct Bf16Scratch {
-  std::vector<uint32_t> qp;  // a tile's queries [pair of dims][16 queries]: bf16 pairs
-  std::vector<uint32_t> vp;  // values [pair of slots][D]: bf16 pairs
-  std::vector<float> sc;     // a tile's scores [slot][16 queries], -1e30 outside a query's range
-  std::vector<uint32_t> pb;  // a tile's probabilities in bf16 [pair of slots][16 queries]
-  std::vector<uint32_t> kpad;  // the last 16 keys' block where it runs past S
+// How the tiled path reads bf16 (its products on pairs of dims, its probabilities rounded to bf16 in pairs of slots)
+// and float32 (one dim, one slot a unit).
+struct Bf16Pairs {
+  typedef uint16_t Elem;  // bf16 bits
+  typedef uint32_t Unit;  // two of them
+  typedef u32x16 Vec;
+  static constexpr int kPerUnit = 2;
+  static Vec load(const Unit* p) { return load32(p); }
+  static v16 mac(v16 acc, Unit a, Vec b) { return dot2(acc, (u32x16){} + a, b); }
+};
+struct Float32 {
+  typedef float Elem;
+  typedef float Unit;
+  typedef v16 Vec;
+  static constexpr int kPerUnit = 1;
+  static Vec load(const Unit* p) { return carryover::load(p); }
+  static v16 mac(v16 acc, Unit a, Vec b) { return acc + a * b; }
+};
+
+template <typename T>
+struct TileScratch {
+  std::vector<typename T::Unit> qp;    // a tile's queries [unit of dims][16 queries]
+  std::vector<typename T::Unit> vp;    // bf16: values [pair of slots][D] (float32 reads the values' rows)
+  std::vector<float> sc;               // a tile's scores [slot][16 queries], -1e30 outside a query's range
+  std::vector<typename T::Unit> pb;    // a tile's probabilities [unit of slots][16 queries]
+  std::vector<typename T::Unit> kpad;  // the last 16 keys' block where it runs past S
 };
 
 constexpr int kTileRows = 16, kOutRows = 4;
 typedef int32_t i16 __attribute__((vector_size(64)));
 
-// out[i, 16 NJ columns] for the rows i < `rows` of a group of `kOutRows`: the sum over slot pairs [0, pairs) of the
-// probabilities pb[pair * kTileRows + i] x the values vp[pair * D + 16 j] (`kOutRows` x NJ accumulators)
-template <int NJ>
-void values_tile(const uint32_t* pb, const uint32_t* vp, int64_t pairs, int64_t D, int64_t rows, float* out) {
+// out[i, 16 NJ columns] for the rows i < `rows` of a group of `kOutRows`: the sum over slot units [0, units) of the
+// probabilities pb[unit * kTileRows + i] x the values vr[unit * D + 16 j] (`kOutRows` x NJ accumulators)
+template <typename T, int NJ>
+void values_tile(const typename T::Unit* pb, const typename T::Unit* vr, int64_t units, int64_t D, int64_t rows,
+                 float* out) {
   v16 acc[kOutRows][NJ] = {};
-  for (int64_t pr = 0; pr < pairs; ++pr) {
-    u32x16 vv[NJ];
-    for (int j = 0; j < NJ; ++j) vv[j] = load32(vp + pr * D + 16 * j);
-    for (int i = 0; i < kOutRows; ++i) {
-      const u32x16 pv = (u32x16){} + pb[pr * kTileRows + i];
-      for (int j = 0; j < NJ; ++j) acc[i][j] = dot2(acc[i][j], pv, vv[j]);
-    }
+  for (int64_t u = 0; u < units; ++u) {
+    typename T::Vec vv[NJ];
+    for (int j = 0; j < NJ; ++j) vv[j] = T::load(vr + u * D + 16 * j);
+    for (int i = 0; i < kOutRows; ++i)
+      for (int j = 0; j < NJ; ++j) acc[i][j] = T::mac(acc[i][j], pb[u * kTileRows + i], vv[j]);
   }
   for (int i = 0; i < kOutRows; ++i)  // constant bounds: the accumulators stay in registers
     for (int j = 0; j < NJ; ++j)
       if (i < rows) store(out + i * D + 16 * j, acc[i][j]);
 }
 
-// One (batch row, K/V head): q [R, D], k/v [S, D] as bf16 bits, slot ranges [lo[r], hi[r]) -> m [R], l [R], o [R, D].
-// Queries go in tiles of 16, one per vector lane: scores [slot][16 queries] by 16 slots at a time (the keys' pairs
-// broadcast from their rows, the tile's queries packed in pairs once), then each lane's max, exp and sums down the
-// slots, then the outputs over the tile's slot pairs (a slot outside a query's range: probability 0, an exact 0).
-template <int NV>  // D / 16 (0: from D at run time)
-void attend_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int64_t* lo, const int64_t* hi,
-                 int64_t R, int64_t S, int64_t D_, float scale, float* m, float* l, float* o, Bf16Scratch& w) {
-  const int64_t D = NV > 0 ? 16 * NV : D_, P = D / 2, nv = D / 16;
+// One (batch row, K/V head): q [R, D], k/v [S, D], slot ranges [lo[r], hi[r]) -> m [R], l [R], o [R, D]. Queries go
+// in tiles of 16, one per vector lane: scores [slot][16 queries] by 16 slots at a time (each key's units broadcast
+// from its row, the tile's queries packed once), each lane's max, then exp and sums down the slots, then the outputs
+// over the tile's slots (a slot outside a query's range: probability 0, an exact 0).
+template <typename T, int NV>  // D / 16 (0: from D at run time)
+void attend_tiles(const typename T::Elem* q, const typename T::Elem* k, const typename T::Elem* v, const int64_t* lo,
+                  const int64_t* hi, int64_t R, int64_t S, int64_t D_, float scale, float* m, float* l, float* o,
+                  TileScratch<T>& w) {
+  typedef typename T::Unit U;
+  constexpr int64_t W = T::kPerUnit;
+  const int64_t D = NV > 0 ? 16 * NV : D_, P = D / W, nv = D / 16;
   int64_t begin = INT64_MAX, end = 0;
   for (int64_t r = 0; r < R; ++r)
     if (lo[r] < hi[r]) begin = lo[r] < begin ? lo[r] : begin, end = hi[r] > end ? hi[r] : end;
   std::memset(o, 0, sizeof(float) * R * D);
   for (int64_t r = 0; r < R; ++r) m[r] = kNegInf, l[r] = 0.0f;
   if (begin >= end) return;
-  // values in pairs of slots from an even slot: vp[(s - b0) / 2 * D + d] = dim d of slots s and s + 1 (0 past `end`)
-  typedef uint16_t u16x16 __attribute__((vector_size(32)));
-  const int64_t b0 = begin / 2 * 2, npairs = (end - b0 + 1) / 2;
-  w.vp.resize(npairs * D);
-  for (int64_t pr = 0; pr < npairs; ++pr)
-    for (int64_t j = 0; j < nv; ++j) {
-      const int64_t s = b0 + 2 * pr;
-      u16x16 a, b{};
-      std::memcpy(&a, v + s * D + 16 * j, 32);
-      if (s + 1 < end) std::memcpy(&b, v + (s + 1) * D + 16 * j, 32);
-      const u32x16 pair = __builtin_convertvector(a, u32x16) | __builtin_convertvector(b, u32x16) << 16;
-      std::memcpy(w.vp.data() + pr * D + 16 * j, &pair, 64);
-    }
+  const int64_t b0 = begin / W * W;  // slot units start at a multiple of W
+  if constexpr (W == 2) {  // values in pairs of slots: vp[(s - b0) / 2 * D + d] = dim d of slots s, s + 1 (0 past end)
+    typedef uint16_t u16x16 __attribute__((vector_size(32)));
+    const int64_t npairs = (end - b0 + 1) / 2;
+    w.vp.resize(npairs * D);
+    for (int64_t pr = 0; pr < npairs; ++pr)
+      for (int64_t j = 0; j < nv; ++j) {
+        const int64_t s = b0 + 2 * pr;
+        u16x16 a, b{};
+        std::memcpy(&a, v + s * D + 16 * j, 32);
+        if (s + 1 < end) std::memcpy(&b, v + (s + 1) * D + 16 * j, 32);
+        const u32x16 pair = __builtin_convertvector(a, u32x16) | __builtin_convertvector(b, u32x16) << 16;
+        std::memcpy(w.vp.data() + pr * D + 16 * j, &pair, 64);
+      }
+  }
   w.qp.resize(P * kTileRows);
-  const uint32_t* k32 = reinterpret_cast<const uint32_t*>(k);
-  const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q);
+  const U* ku = reinterpret_cast<const U*>(k);
+  const U* qu = reinterpret_cast<const U*>(q);
   for (int64_t t0 = 0; t0 < R; t0 += kTileRows) {
     const int64_t rows = R - t0 < kTileRows ? R - t0 : kTileRows;
     i16 lov{}, hiv{};
@@ -269,27 +294,27 @@ void attend_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const 
       if (a < z) tlo = a < tlo ? a : tlo, thi = z > thi ? z : thi;
     }
     if (tlo >= thi) continue;
-    if (rows < kTileRows) std::fill(w.qp.begin(), w.qp.end(), 0u);
+    if (rows < kTileRows) std::fill(w.qp.begin(), w.qp.end(), U{});
     for (int64_t i = 0; i < rows; ++i)
-      for (int64_t p = 0; p < P; ++p) w.qp[p * kTileRows + i] = q32[(t0 + i) * P + p];
-    // slots [e0, e1): the tile's, from an even slot to an even count (a key past S is read as the last one, masked)
-    const int64_t e0 = tlo / 2 * 2, e1 = (thi + 1) / 2 * 2, n = e1 - e0;
+      for (int64_t p = 0; p < P; ++p) w.qp[p * kTileRows + i] = qu[(t0 + i) * P + p];
+    // slots [e0, e1): the tile's, whole units (bf16: a key past S is read as 0, masked)
+    const int64_t e0 = tlo / W * W, e1 = (thi + W - 1) / W * W, n = e1 - e0;
     if (static_cast<int64_t>(w.sc.size()) < (n + 15) / 16 * 16 * kTileRows) w.sc.resize((n + 15) / 16 * 16 * kTileRows);
-    if (static_cast<int64_t>(w.pb.size()) < n / 2 * kTileRows) w.pb.resize(n / 2 * kTileRows);
+    if (static_cast<int64_t>(w.pb.size()) < n / W * kTileRows) w.pb.resize(n / W * kTileRows);
     float* sc = w.sc.data();
     const v16 neg = (v16){} + kNegInf;
     v16 mx = neg;
     for (int64_t s0 = e0; s0 < e1; s0 += 16) {
-      const uint32_t* kb = k32 + s0 * P;
+      const U* kb = ku + s0 * P;
       if (s0 + 16 > S) {  // the last keys, copied with zero rows after them
-        w.kpad.assign(16 * P, 0u);
-        std::memcpy(w.kpad.data(), kb, sizeof(uint32_t) * (S - s0) * P);
+        w.kpad.assign(16 * P, U{});
+        std::memcpy(w.kpad.data(), kb, sizeof(U) * (S - s0) * P);
         kb = w.kpad.data();
       }
       v16 acc[16] = {};
       for (int64_t p = 0; p < P; ++p) {
-        const u32x16 qv = load32(w.qp.data() + p * kTileRows);
-        for (int j = 0; j < 16; ++j) acc[j] = dot2(acc[j], (u32x16){} + kb[j * P + p], qv);
+        const typename T::Vec qv = T::load(w.qp.data() + p * kTileRows);
+        for (int j = 0; j < 16; ++j) acc[j] = T::mac(acc[j], kb[j * P + p], qv);
       }
       for (int j = 0; j < 16; ++j) {  // a slot outside a lane's range: -1e30 there; each lane's max
         const i16 keep = (lov <= static_cast<int32_t>(s0 + j)) & (hiv > static_cast<int32_t>(s0 + j));
@@ -301,36 +326,42 @@ void attend_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const 
     // exp(score - max), 0 outside a lane's range (-1e30 - max; an empty lane's max +inf), their sums in slot order
     mx = lov < hiv ? mx : (v16){} + __builtin_inff();
     v16 total{};
-    for (int64_t s = e0; s < e1; s += 2) {  // two slots: their probabilities rounded to bf16 into one pair
-      v16 pr[2];
-      for (int h = 0; h < 2; ++h) {
+    for (int64_t s = e0; s < e1; s += W) {
+      v16 pr[W];
+      for (int h = 0; h < W; ++h) {
         pr[h] = exp_nonpositive(load(sc + (s + h - e0) * kTileRows) - mx);
         total += pr[h];
       }
-      const u32x16 pair = bf16_pairs(pr[0], pr[1]);
-      std::memcpy(w.pb.data() + (s - e0) / 2 * kTileRows, &pair, 64);
+      if constexpr (W == 2) {  // two slots' probabilities rounded to bf16 into one pair
+        const u32x16 pair = bf16_pairs(pr[0], pr[1]);
+        std::memcpy(w.pb.data() + (s - e0) / 2 * kTileRows, &pair, 64);
+      } else {
+        store(w.pb.data() + (s - e0) * kTileRows, pr[0]);
+      }
     }
     for (int64_t i = 0; i < rows; ++i)
       if (lov[i] < hiv[i]) m[t0 + i] = mx[i], l[t0 + i] = total[i];
-    // outputs: 4 rows x D at a time over the tile's slot pairs
-    const uint32_t* vp = w.vp.data() + (e0 - b0) / 2 * D;
+    // outputs: 4 rows x D at a time over the tile's slot units
+    const U* vr = W == 2 ? w.vp.data() + (e0 - b0) / 2 * D : reinterpret_cast<const U*>(v) + e0 * D;
     for (int64_t i0 = 0; i0 < rows; i0 += kOutRows) {
       const int64_t nr = rows - i0 < kOutRows ? rows - i0 : kOutRows;
       float* out = o + (t0 + i0) * D;
-      const uint32_t* pb = w.pb.data() + i0;
+      const U* pb = w.pb.data() + i0;
       int64_t j0 = 0;
-      for (; j0 + 4 <= nv; j0 += 4) values_tile<4>(pb, vp + 16 * j0, n / 2, D, nr, out + 16 * j0);
+      for (; j0 + 4 <= nv; j0 += 4) values_tile<T, 4>(pb, vr + 16 * j0, n / W, D, nr, out + 16 * j0);
       switch (nv - j0) {
-        case 1: values_tile<1>(pb, vp + 16 * j0, n / 2, D, nr, out + 16 * j0); break;
-        case 2: values_tile<2>(pb, vp + 16 * j0, n / 2, D, nr, out + 16 * j0); break;
-        case 3: values_tile<3>(pb, vp + 16 * j0, n / 2, D, nr, out + 16 * j0); break;
+        case 1: values_tile<T, 1>(pb, vr + 16 * j0, n / W, D, nr, out + 16 * j0); break;
+        case 2: values_tile<T, 2>(pb, vr + 16 * j0, n / W, D, nr, out + 16 * j0); break;
+        case 3: values_tile<T, 3>(pb, vr + 16 * j0, n / W, D, nr, out + 16 * j0); break;
       }
     }
   }
 }
 
-// q [B, Hkv, R, D] float32, or bf16 with bf16 k/v (the pairs' path above), the rest as `Attention` below.
-template <ffi::DataType TQ, ffi::DataType T>
+// q [B, Hkv, R, D] (row r = g * T + t: query head g of the group at query t), k/v [B, Hkv, S, D], limit/lower [B, T]
+// int32 -> m, l [B, Hkv, R], o [B, Hkv, R, D] float32. `Tiles`: the tiled path (q, k, v all float32 or all bf16),
+// else the per-query path (float32 q).
+template <ffi::DataType TQ, ffi::DataType T, bool Tiles>
 ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<TQ> q, ffi::Buffer<T> k, ffi::Buffer<T> v,
                      ffi::Buffer<ffi::S32> limit, ffi::Buffer<ffi::S32> lower, float scale,
                      ffi::ResultBuffer<ffi::F32> m, ffi::ResultBuffer<ffi::F32> l, ffi::ResultBuffer<ffi::F32> o) {
@@ -357,17 +388,21 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<TQ> q, ffi::Buffer<T> k, 
       hi[r - r0] = z > S ? S : z;
     }
   };
-  if constexpr (TQ == ffi::DataType::BF16) {
-    // each (row, K/V head)'s queries in parts of >= 96 rows (its keys and values packed once a part) where the
-    // pairs are too few to keep the threads busy (a batch-1 prefill)
-    const uint16_t *qs = reinterpret_cast<const uint16_t*>(q.typed_data()),
-                   *ks = reinterpret_cast<const uint16_t*>(k.typed_data()),
-                   *vs = reinterpret_cast<const uint16_t*>(v.typed_data());
+  if constexpr (Tiles) {
+    // each (row, K/V head)'s queries in parts of >= 96 rows (bf16: its values packed once a part) where the pairs
+    // are too few to keep the threads busy (a batch-1 prefill)
+    using Path = std::conditional_t<TQ == ffi::DataType::BF16, Bf16Pairs, Float32>;
+    using E = typename Path::Elem;
+    const E *qs = reinterpret_cast<const E*>(q.typed_data()), *ks = reinterpret_cast<const E*>(k.typed_data()),
+            *vs = reinterpret_cast<const E*>(v.typed_data());
     const int64_t pairs = B * H, want = (4 * threads + pairs - 1) / pairs, most = R / 96 > 1 ? R / 96 : 1;
     const int64_t parts = want < most ? want : most;
-    const auto fn = D == 64 ? attend_bf16<4> : D == 128 ? attend_bf16<8> : D == 256 ? attend_bf16<16> : attend_bf16<0>;
+    const auto fn = D == 64    ? attend_tiles<Path, 4>
+                    : D == 128 ? attend_tiles<Path, 8>
+                    : D == 256 ? attend_tiles<Path, 16>
+                               : attend_tiles<Path, 0>;
     parallel_for(pool, pairs * parts, threads, [=](int64_t item) {
-      thread_local Bf16Scratch scratch;
+      thread_local TileScratch<Path> scratch;
       const int64_t task = item / parts, part = item % parts, b = task / H;
       const int64_t r0 = part * R / parts, r1 = (part + 1) * R / parts, n = r1 - r0;
       std::vector<int64_t> lo(n), hi(n);
@@ -414,9 +449,13 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<TQ> q, ffi::Buffer<T> k, 
       .Ret<ffi::Buffer<ffi::F32>>()     \
       .Ret<ffi::Buffer<ffi::F32>>()
 // a float32 or bf16 cache, or a bf16 cache kept as its uint16 bits (`models/cache.py`: a bitcast would copy it)
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttention, (Attention<ffi::F32, ffi::F32>), CARRYOVER_BIND(F32, F32));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionBf16, (Attention<ffi::F32, ffi::BF16>), CARRYOVER_BIND(F32, BF16));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionBits, (Attention<ffi::F32, ffi::U16>), CARRYOVER_BIND(F32, U16));
-// bf16 queries, keys and values: the pairs' path
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionBf16Pairs, (Attention<ffi::BF16, ffi::BF16>),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttention, (Attention<ffi::F32, ffi::F32, false>), CARRYOVER_BIND(F32, F32));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionBf16, (Attention<ffi::F32, ffi::BF16, false>),
+                              CARRYOVER_BIND(F32, BF16));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionBits, (Attention<ffi::F32, ffi::U16, false>),
+                              CARRYOVER_BIND(F32, U16));
+// the tiled path: q, k, v float32, or all bf16
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionTiles, (Attention<ffi::F32, ffi::F32, true>),
+                              CARRYOVER_BIND(F32, F32));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuAttentionTilesBf16, (Attention<ffi::BF16, ffi::BF16, true>),
                               CARRYOVER_BIND(BF16, BF16));

@@ -24,7 +24,8 @@ from carryover_jax.models import cpu_kernels
 MAX_HEAD_DIM = 512  # the kernel keeps a key row in registers: D / 16 vectors (D a multiple of 16)
 SYMBOLS = {"float32": "CarryoverCpuAttention", "bfloat16": "CarryoverCpuAttentionBf16",
            "uint16": "CarryoverCpuAttentionBits",  # uint16: a bf16 cache kept as its bits
-           "bf16_pairs": "CarryoverCpuAttentionBf16Pairs"}  # bf16 queries too: `prefix_attention`
+           # `prefix_attention`: q, k, v all float32 or all bf16
+           "tiles_float32": "CarryoverCpuAttentionTiles", "tiles_bfloat16": "CarryoverCpuAttentionTilesBf16"}
 # the names carry a version (a changed kernel gets new ones, so a cached program never calls an older kernel)
 TARGETS = {dtype: f"carryover_cpu_attention_{dtype}_v3" for dtype in SYMBOLS}
 
@@ -60,11 +61,13 @@ def live_attention(qg, k, v, limit, lower, scale: float):
 
 
 def prefix_attention(qg, k, v, limit, lower, scale: float):
-    """A cache-free forward's attention (`layers.Prefix`: many queries a K/V head), as `live_attention`. With bf16
-    queries, keys and values: the kernel's pairs' path, products of bf16 pairs with float32 sums (AVX512-BF16's
-    dot product where the CPU has it) in tiles of 16 queries, the probabilities rounded to bf16 before the values'
-    product as einsum's bf16 part rounds them; otherwise `live_attention`'s float32 path. CPU only."""
-    if not (qg.dtype == k.dtype == v.dtype == jnp.bfloat16):
+    """A cache-free forward's attention (`layers.Prefix`: many queries a K/V head), as `live_attention`. With queries,
+    keys and values all float32 or all bf16, the kernel's tiled path: 16 queries a vector lane each against 16 keys
+    at a time (bf16: products of bf16 pairs with float32 sums, AVX512-BF16's dot product where the CPU has it, and
+    the probabilities rounded to bf16 before the values' product as einsum's bf16 part rounds them); otherwise
+    `live_attention`. CPU only."""
+    dtype = jnp.dtype(qg.dtype).name
+    if not (qg.dtype == k.dtype == v.dtype and dtype in ("float32", "bfloat16")):
         return live_attention(qg, k, v, limit, lower, scale)
     if not available():
         raise RuntimeError("the CPU attention kernel is unavailable on this machine (see the warning above)")
@@ -72,7 +75,7 @@ def prefix_attention(qg, k, v, limit, lower, scale: float):
     lower = jnp.zeros(limit.shape, jnp.int32) if lower is None else lower
     outs = (jax.ShapeDtypeStruct((b, hkv, g * t), jnp.float32), jax.ShapeDtypeStruct((b, hkv, g * t), jnp.float32),
             jax.ShapeDtypeStruct((b, hkv, g * t, d), jnp.float32))
-    call = jax.ffi.ffi_call(TARGETS["bf16_pairs"], outs, vmap_method="sequential")
+    call = jax.ffi.ffi_call(TARGETS[f"tiles_{dtype}"], outs, vmap_method="sequential")
     m, s, o = call(qg.reshape(b, hkv, g * t, d), k, v, limit.astype(jnp.int32), lower.astype(jnp.int32),
                    scale=np.float32(scale))
     return m.reshape(b, hkv, g, t, 1), s.reshape(b, hkv, g, t, 1), o.reshape(b, hkv, g, t, d)

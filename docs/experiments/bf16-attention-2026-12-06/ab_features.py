@@ -1,7 +1,7 @@
 """Prepare's feature pass (configs/smollm2: 32 random 320-token sequences, `train.responses._features`, in its
-passes of 8 sequences) in float32 and in bf16, the bf16 arms' attention by the CPU kernel's float32 path (queries
-widened, as before) or by its bf16 pairs' path (`cpu_attention.prefix_attention`, new); "bf16 pairs again" is the
-pairs' arm compiled a second time (the A/A). Whole calls, the arms rotated round by round in one process; ratios of
+passes of 8 sequences) in float32 and in bf16, its attention by the CPU kernel's per-query path (`live_attention`;
+bf16 queries widened to float32: as before) or by its tiled path (`cpu_attention.prefix_attention`, new); "bf16
+tiles again" is the bf16 tiled arm compiled a second time (the A/A). Whole calls, the arms rotated round by round in one process; ratios of
 mean times with 95% intervals over the rounds (`eval/paired.paired_bootstrap`) and the outputs' largest differences.
 
     python ab_features.py ROUNDS"""
@@ -21,9 +21,9 @@ from carryover_jax.models import cpu_attention
 from carryover_jax.train import responses
 
 rounds = int(sys.argv[1])
-pairs = cpu_attention.prefix_attention
+tiles = cpu_attention.prefix_attention
 arms, outs = {}, {}
-for name in ("float32", "bf16 float32 path", "bf16 pairs", "bf16 pairs again"):
+for name in ("float32 per-query", "float32 tiles", "bf16 per-query", "bf16 tiles", "bf16 tiles again"):
     cfg = load_config("smollm2")
     if name.startswith("bf16"):
         cfg = cfg.replace(numerics=cfg.numerics.replace(dtype="bfloat16"), compute_dtype=None)
@@ -31,12 +31,12 @@ for name in ("float32", "bf16 float32 path", "bf16 pairs", "bf16 pairs again"):
     ids = tuple(cfg.data.feature_layer_ids or cfg.drafter.target_layer_ids or zlab_layer_ids(t.cfg.num_layers))
     toks = jnp.asarray(np.random.default_rng(0).integers(10, t.cfg.vocab_size, (32, cfg.data.max_len)))
     # read when the arm is traced (its first call, below)
-    cpu_attention.prefix_attention = cpu_attention.live_attention if "float32 path" in name else pairs
+    cpu_attention.prefix_attention = cpu_attention.live_attention if "per-query" in name else tiles
     f = jax.jit(lambda p, x, t=t, ids=ids: responses._features.__wrapped__(p, x, cfg=t.cfg, layer_ids=ids,
                                                                             kv_dtype=None))
     outs[name] = jax.device_get(f(t.params, toks))
     arms[name] = lambda f=f, p=t.params, x=toks: jax.block_until_ready(f(p, x))
-cpu_attention.prefix_attention = pairs
+cpu_attention.prefix_attention = tiles
 names = list(arms)
 secs = {a: [] for a in names}
 for r in range(rounds):
@@ -50,7 +50,8 @@ for a, b in itertools.combinations(names, 2):
     lo, hi = (1 + g / 100 for g in cmp["gain_pct_ci"])
     print(f"{b} / {a} speed {1 + cmp['gain_pct'] / 100:.3f} [{lo:.3f}, {hi:.3f}] over {rounds} rounds "
           f"(mean {np.mean(secs[a]):.2f} / {np.mean(secs[b]):.2f} s)")
-for a, b in (("bf16 pairs", "bf16 float32 path"), ("bf16 pairs", "bf16 pairs again"), ("bf16 pairs", "float32")):
+for a, b in (("float32 tiles", "float32 per-query"), ("bf16 tiles", "bf16 per-query"),
+             ("bf16 tiles", "bf16 tiles again")):
     print(f"{a} against {b}, largest |difference| (stored dtypes):",
           {k: float(np.max(np.abs(np.asarray(outs[a][k], np.float32) - np.asarray(outs[b][k], np.float32))))
            for k in outs[a]})
