@@ -8,7 +8,8 @@ split over them, each part reading the pair's slots), and computes every query's
 whatever the query count: a token's attention in a verification equals its attention in an AR step bit for bit. The
 attention backend "cpu" (the CPU default) uses it; on a machine where it cannot be built, "cpu" is "einsum" with a
 one-line warning. Forward only: the loop it replaces served decoding alone; a `Prefix` segment (a cache-free
-forward: prepare's features, training's masks) pairs it with einsum's backward (`layers._prefix_kernel`).
+forward: prepare's features, training's masks) pairs it with einsum's backward (`layers._prefix_kernel`) and takes
+the kernel's tiled path (`prefix_attention`: many queries a K/V head, like a matrix product; bf16 by bf16 pairs).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Prepare's feature pass (configs/smollm2: 32 random 320-token sequences, `train.responses._features`, in its
 passes of 8 sequences) in float32 and in bf16, its attention by the CPU kernel's per-query path (`live_attention`;
 bf16 queries widened to float32: as before) or by its tiled path (`cpu_attention.prefix_attention`, new); "bf16
-tiles again" is the bf16 tiled arm compiled a second time (the A/A). Whole calls, the arms rotated round by round in one process; ratios of
-mean times with 95% intervals over the rounds (`eval/paired.paired_bootstrap`) and the outputs' largest differences.
+tiles again" is the bf16 tiled arm compiled a second time (the A/A). Whole calls, the arms rotated round by round
+in one process; ratios of mean times with 95% intervals over the rounds (`eval/paired.paired_bootstrap`) and the
+outputs' largest differences.
 
-    python ab_features.py ROUNDS"""
+    python ab_features.py ROUNDS [ARM ...]   (default: every arm)"""
 import itertools
 import sys
 import time
@@ -23,7 +24,7 @@ from carryover_jax.train import responses
 rounds = int(sys.argv[1])
 tiles = cpu_attention.prefix_attention
 arms, outs = {}, {}
-for name in ("float32 per-query", "float32 tiles", "bf16 per-query", "bf16 tiles", "bf16 tiles again"):
+for name in sys.argv[2:] or ("float32 per-query", "float32 tiles", "bf16 per-query", "bf16 tiles", "bf16 tiles again"):
     cfg = load_config("smollm2")
     if name.startswith("bf16"):
         cfg = cfg.replace(numerics=cfg.numerics.replace(dtype="bfloat16"), compute_dtype=None)
@@ -52,6 +53,8 @@ for a, b in itertools.combinations(names, 2):
           f"(mean {np.mean(secs[a]):.2f} / {np.mean(secs[b]):.2f} s)")
 for a, b in (("float32 tiles", "float32 per-query"), ("bf16 tiles", "bf16 per-query"),
              ("bf16 tiles", "bf16 tiles again")):
+    if a not in outs or b not in outs:
+        continue
     print(f"{a} against {b}, largest |difference| (stored dtypes):",
           {k: float(np.max(np.abs(np.asarray(outs[a][k], np.float32) - np.asarray(outs[b][k], np.float32))))
            for k in outs[a]})
