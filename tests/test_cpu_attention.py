@@ -1,7 +1,8 @@
-"""The CPU's decode attention kernel (`models/cpu_attention.cc`) against a float64 loop over each query's slots,
+"""The CPU's attention kernel (`models/cpu_attention.cc`), its per-query path (decode's cache reads) and its tiled
+path (a cache-free forward's `Prefix` segments, float32 and bf16), against a float64 loop over each query's slots,
 every query bit for bit against its own one-query call (what makes a verified token's attention that of an AR
-step), attention backend "cpu" against "einsum" with the segments merged; where it is lowered (cache segments
-lowered for CPU, head dims it takes); and a machine that cannot build it (one warning line, einsum)."""
+step), attention backend "cpu" against "einsum" with the segments merged and its gradients; where it is lowered
+(cache segments lowered for CPU, head dims it takes); and a machine that cannot build it (one warning line, einsum)."""
 
 import jax
 import jax.numpy as jnp

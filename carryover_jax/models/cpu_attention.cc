@@ -164,14 +164,15 @@ AttendFn<KV> attend_fn(int64_t nv) {  // unrolled for the common head dims 16, 3
   }
 }
 
-// --- bf16 queries, keys and values (a cache-free forward's `Prefix` segment in bf16: many queries a K/V head) ---
-// Products of bf16 pairs with float32 sums (AVX512-BF16's VDPBF16PS where the CPU has it): scores in tiles of 16
-// queries (a vector lane each, packed in pairs of dims) x 16 keys (each pair broadcast from the key's row), outputs in
-// tiles of 4 queries x D over the values packed in pairs of slots, the probabilities rounded to bf16 as einsum's bf16
-// part rounds them (`layers._dense_part`). A query's result depends on its own q, slots and D only: every sum runs in
-// one order, over slot pairs that start at even slots, and slots outside its range add exact zeros. Why: the float32
-// path widens bf16 queries and keys and sums by lane trees, ~105 GFLOP/s on a 2-core EPYC at a feature pass's
-// shapes, where this path runs ~2.2x as fast (docs/experiments/bf16-attention-2026-12-06).
+// --- The tiled path: a cache-free forward's `Prefix` segment (many queries a K/V head), q, k, v all float32 or bf16
+// Scores in tiles of 16 queries (a vector lane each, packed once) x 16 keys (each key's dims broadcast from its row),
+// outputs in tiles of 4 queries x D. bf16 multiplies pairs of bf16 values with float32 sums (AVX512-BF16's VDPBF16PS
+// where the CPU has it) and rounds the probabilities to bf16 before the values' product, as einsum's bf16 part does
+// (`layers._dense_part`). A query's result depends on its own q, slots and D only: every sum runs in one order, over
+// slot units that start at multiples of the unit, and slots outside its range add exact zeros. Why: the per-query
+// path above (one query's dot products by lane trees, bf16 queries widened) ran a feature pass's attention at ~90-100
+// GFLOP/s on a 2-core EPYC; this path runs it 1.41x (float32) and 2.20x (bf16) as fast
+// (docs/experiments/bf16-attention-2026-12-06).
 
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
