@@ -48,17 +48,7 @@ def live_attention(qg, k, v, limit, lower, scale: float):
     """qg [B, Hkv, G, T, D], k/v [B, Hkv, S, D] (float32, bf16 or bf16 bits as uint16), limit/lower [B, T] int
     (query t of row b sees slots lower <= s < limit; lower None = 0) -> (max [B, Hkv, G, T, 1], sum [.., 1],
     unnormalised out [.., D]) in float32, as `layers._dense_part` returns them. CPU only."""
-    if not available():
-        raise RuntimeError("the CPU attention kernel is unavailable on this machine (see the warning above)")
-    b, hkv, g, t, d = qg.shape
-    lower = jnp.zeros(limit.shape, jnp.int32) if lower is None else lower
-    r = g * t
-    outs = (jax.ShapeDtypeStruct((b, hkv, r), jnp.float32), jax.ShapeDtypeStruct((b, hkv, r), jnp.float32),
-            jax.ShapeDtypeStruct((b, hkv, r, d), jnp.float32))
-    call = jax.ffi.ffi_call(TARGETS[jnp.dtype(k.dtype).name], outs, vmap_method="sequential")
-    m, s, o = call(qg.reshape(b, hkv, r, d).astype(jnp.float32), k, v, limit.astype(jnp.int32),
-                   lower.astype(jnp.int32), scale=np.float32(scale))
-    return m.reshape(b, hkv, g, t, 1), s.reshape(b, hkv, g, t, 1), o.reshape(b, hkv, g, t, d)
+    return _call(TARGETS[jnp.dtype(k.dtype).name], qg.astype(jnp.float32), k, v, limit, lower, scale)
 
 
 def prefix_attention(qg, k, v, limit, lower, scale: float):
@@ -70,13 +60,17 @@ def prefix_attention(qg, k, v, limit, lower, scale: float):
     dtype = jnp.dtype(qg.dtype).name
     if not (qg.dtype == k.dtype == v.dtype and dtype in ("float32", "bfloat16")):
         return live_attention(qg, k, v, limit, lower, scale)
+    return _call(TARGETS[f"tiles_{dtype}"], qg, k, v, limit, lower, scale)
+
+
+def _call(target: str, qg, k, v, limit, lower, scale: float):
     if not available():
         raise RuntimeError("the CPU attention kernel is unavailable on this machine (see the warning above)")
     b, hkv, g, t, d = qg.shape
     lower = jnp.zeros(limit.shape, jnp.int32) if lower is None else lower
     outs = (jax.ShapeDtypeStruct((b, hkv, g * t), jnp.float32), jax.ShapeDtypeStruct((b, hkv, g * t), jnp.float32),
             jax.ShapeDtypeStruct((b, hkv, g * t, d), jnp.float32))
-    call = jax.ffi.ffi_call(TARGETS[f"tiles_{dtype}"], outs, vmap_method="sequential")
+    call = jax.ffi.ffi_call(target, outs, vmap_method="sequential")
     m, s, o = call(qg.reshape(b, hkv, g * t, d), k, v, limit.astype(jnp.int32), lower.astype(jnp.int32),
                    scale=np.float32(scale))
     return m.reshape(b, hkv, g, t, 1), s.reshape(b, hkv, g, t, 1), o.reshape(b, hkv, g, t, d)
