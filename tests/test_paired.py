@@ -1,6 +1,7 @@
 """Paired bootstrap of eval arms (eval/paired.py): coverage of a known difference on synthetic per-prompt
 values (and of timings with repeats), a zero difference reads "not resolved", too few prompts give no interval,
-identical rounds make a speed difference a noise bound, and the per-prompt values a decode log yields."""
+identical rounds make a speed difference a noise bound, the per-prompt values a decode log yields, and the speed
+ratio of rotated timing rounds."""
 
 import numpy as np
 import pytest
@@ -146,3 +147,25 @@ def test_summary_holds_per_prompt_values_and_every_pair():
     single = [{**r, "time_s_repeats": r["time_s_repeats"][:1]} for r in log]
     sp = M.summarize(single, drafters)["temperatures"]["0"]["paired"]["pairs"][1]["datasets"]["all"]["speedup"]
     assert sp["status"] == "one timing per prompt" and sp["diff_ci"][0] > 0 and not sp["resolved"]
+
+
+def test_rotated_rounds_and_their_speed_ratio():
+    """`bench.steps.rotated_seconds` times every call once a round, the order rotated round by round;
+    `speed_ratio` gives b's speed over a's from the two lists, with an interval that holds the true ratio of a
+    known 2x (times drawn with noise) and that spans 1 for a call against itself."""
+    from carryover_jax.bench.steps import rotated_seconds
+    from carryover_jax.eval.paired import speed_ratio
+
+    order, seen = [], []
+    calls = {k: (lambda k=k: order.append(k)) for k in "abc"}
+    secs = rotated_seconds(calls, 4, lambda r, s: seen.append((r, {k: len(v) for k, v in s.items()})))
+    assert order == list("abc" "bca" "cab" "abc")
+    assert seen[-1] == (3, {"a": 4, "b": 4, "c": 4}) and all(len(v) == 4 for v in secs.values())
+    rng = np.random.default_rng(0)
+    slow = 2.0 + rng.normal(0, 0.05, 30)
+    fast = 1.0 + rng.normal(0, 0.025, 30)
+    x, lo, hi = speed_ratio(slow, fast)
+    assert abs(x - 2.0) < 0.05 and lo < 2.0 < hi
+    x, lo, hi = speed_ratio(fast, fast[::-1])
+    assert lo < 1.0 < hi
+    assert speed_ratio([1.0], [2.0])[1:] == (None, None)

@@ -55,6 +55,23 @@ def _call_ms(fn, n: int) -> list[float]:
     return ts
 
 
+def rotated_seconds(calls: dict, rounds: int, on_round=None) -> dict[str, list[float]]:
+    """Seconds of each zero-argument call (compiled already) in each of `rounds` rounds: the calls timed in turn,
+    their order rotated round by round (round r starts at call r mod n), so a slow spell of a shared machine and
+    the order's own effect fall on every call alike. `on_round(r, secs)` runs after each round (progress lines).
+    Pairs of these lists are what `eval.paired.speed_ratio` compares."""
+    names = list(calls)
+    secs = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            start = time.perf_counter()
+            jax.block_until_ready(calls[k]())
+            secs[k].append(time.perf_counter() - start)
+        if on_round is not None:
+            on_round(r, secs)
+    return secs
+
+
 def _median_ms(fn, n: int) -> float:
     return float(np.median(_call_ms(fn, n)))
 

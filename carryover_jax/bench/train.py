@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from carryover_jax.bench.steps import _call_ms
+from carryover_jax.bench.steps import rotated_seconds
 from carryover_jax.config import DrafterConfig, TargetConfig, TrainConfig, preset
 from carryover_jax.errors import ConfigError
 from carryover_jax.loading import load_target
@@ -122,15 +122,11 @@ def step_call(cfg: TrainConfig, target, dcfg: DrafterConfig, params, batch, **lo
 
 
 def interleaved_ms(calls: dict[str, Any], steps: int) -> dict[str, float]:
-    """Median ms of each zero-argument call: each compiled first, then timed in turn, call by call (a slow
-    phase of a shared machine hits all of them alike)."""
+    """Median ms of each zero-argument call: each compiled first, then timed in turn, call by call
+    (`steps.rotated_seconds`: a slow phase of a shared machine hits all of them alike)."""
     for fn in calls.values():
         jax.block_until_ready(fn())
-    times = {k: [] for k in calls}
-    for _ in range(steps):
-        for k, fn in calls.items():
-            times[k] += _call_ms(fn, 1)
-    return {k: float(np.median(v)) for k, v in times.items()}
+    return {k: 1e3 * float(np.median(v)) for k, v in rotated_seconds(calls, steps).items()}
 
 
 def run_dvd(cfg: TrainConfig, *, steps: int = 6) -> dict[str, Any]:

@@ -161,6 +161,15 @@ def paired_bootstrap(a, b, *, wa=None, wb=None, replicates: int = REPLICATES, se
     return out
 
 
+def speed_ratio(secs_a, secs_b) -> tuple[float, float | None, float | None]:
+    """How many times as fast b ran as a: the mean of a's times over the mean of b's, with its 95% interval by the
+    paired bootstrap over the rounds (times of the same rounds, as `bench.steps.rotated_seconds` gives them;
+    None below 2 rounds)."""
+    cmp = paired_bootstrap(secs_a, secs_b, min_prompts=2)
+    lo, hi = (None, None) if cmp["gain_pct_ci"] is None else (1 + g / 100 for g in cmp["gain_pct_ci"])
+    return 1 + cmp["gain_pct"] / 100, lo, hi
+
+
 def _complete(*arrays):
     """Keep the prompts where every array has a value for every seed: float arrays [seeds, prompts(, ...)]."""
     n = len(arrays[0][0])

@@ -7,15 +7,15 @@ and each mode's loss in both arms.
 
     python ab_steps.py ROUNDS"""
 import sys
-import time
 
 import jax
 import numpy as np
 
 from carryover_jax.bench.roofline import _drafter
+from carryover_jax.bench.steps import rotated_seconds
 from carryover_jax.bench.train import step_call, synthetic_batch
 from carryover_jax.configs import load_config
-from carryover_jax.eval.paired import paired_bootstrap
+from carryover_jax.eval.paired import speed_ratio
 from carryover_jax.loading import load_target
 from carryover_jax.models import cpu_attention
 
@@ -37,20 +37,13 @@ for arm in ("per-query", "tiles"):
             calls[f"{mode} tiles again"] = fn
 cpu_attention.prefix_attention = tiles
 names = list(calls)
-secs = {k: [] for k in names}
-for r in range(rounds):
-    for k in names[r % len(names):] + names[:r % len(names)]:
-        start = time.perf_counter()
-        jax.block_until_ready(calls[k]())
-        secs[k].append(time.perf_counter() - start)
-    print(f"round {r}: " + ", ".join(f"{k} {secs[k][-1] * 1e3:.0f} ms" for k in names), flush=True)
+secs = rotated_seconds(calls, rounds, lambda r, s: print(
+    f"round {r}: " + ", ".join(f"{k} {s[k][-1] * 1e3:.0f} ms" for k in names), flush=True))
 for mode in ("baseline", "dvd", "control"):
     for b in ("tiles", "tiles again"):
-        cmp = paired_bootstrap(secs[f"{mode} per-query"], secs[f"{mode} {b}"], min_prompts=2)
-        lo, hi = (1 + g / 100 for g in cmp["gain_pct_ci"])
-        print(f"{mode}: {b} / per-query speed {1 + cmp['gain_pct'] / 100:.3f} [{lo:.3f}, {hi:.3f}] (mean "
+        ratio, lo, hi = speed_ratio(secs[f"{mode} per-query"], secs[f"{mode} {b}"])
+        print(f"{mode}: {b} / per-query speed {ratio:.3f} [{lo:.3f}, {hi:.3f}] (mean "
               f"{np.mean(secs[f'{mode} per-query']) * 1e3:.0f} / {np.mean(secs[f'{mode} {b}']) * 1e3:.0f} ms)")
-    cmp = paired_bootstrap(secs[f"{mode} tiles"], secs[f"{mode} tiles again"], min_prompts=2)
-    lo, hi = (1 + g / 100 for g in cmp["gain_pct_ci"])
-    print(f"{mode}: A/A {1 + cmp['gain_pct'] / 100:.3f} [{lo:.3f}, {hi:.3f}]; loss per-query "
+    ratio, lo, hi = speed_ratio(secs[f"{mode} tiles"], secs[f"{mode} tiles again"])
+    print(f"{mode}: A/A {ratio:.3f} [{lo:.3f}, {hi:.3f}]; loss per-query "
           f"{losses[f'{mode} per-query']:.6f}, tiles {losses[f'{mode} tiles']:.6f}")

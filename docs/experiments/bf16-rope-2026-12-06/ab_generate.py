@@ -13,12 +13,12 @@ the previous RoPE is patched in."""
 import dataclasses
 import itertools
 import sys
-import time
 
 import numpy as np
 
+from carryover_jax.bench.steps import rotated_seconds
 from carryover_jax.decode.generate import generate
-from carryover_jax.eval.paired import paired_bootstrap
+from carryover_jax.eval.paired import speed_ratio
 from carryover_jax.loading import load_target
 from carryover_jax.models import layers
 from carryover_jax.numerics import Numerics
@@ -45,18 +45,12 @@ def main(batch: int, rounds: int) -> None:
         toks[arm] = run(t)
     layers.Attention._rope = NEW_ROPE
     arms = list(targets)
-    secs = {a: [] for a in arms}
-    for r in range(rounds):
-        for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
-            start = time.perf_counter()
-            run(targets[arm])
-            secs[arm].append(time.perf_counter() - start)
-        print(f"round {r}: " + ", ".join(f"{a} {batch * 64 / secs[a][-1]:.1f} tok/s" for a in arms), flush=True)
+    secs = rotated_seconds({a: (lambda t=t: run(t)) for a, t in targets.items()}, rounds, lambda r, s: print(
+        f"round {r}: " + ", ".join(f"{a} {batch * 64 / s[a][-1]:.1f} tok/s" for a in arms), flush=True))
     for a, b in itertools.combinations(arms, 2):
-        cmp = paired_bootstrap(secs[a], secs[b], min_prompts=2)  # gain: mean time of a over b's, minus 1
-        lo, hi = (1 + g / 100 for g in cmp["gain_pct_ci"])
+        ratio, lo, hi = speed_ratio(secs[a], secs[b])
         same = np.mean([x == y for ra, rb in zip(toks[a], toks[b]) for x, y in zip(ra, rb)])
-        print(f"batch {batch}: {b} / {a} throughput {1 + cmp['gain_pct'] / 100:.3f} [{lo:.3f}, {hi:.3f}] over "
+        print(f"batch {batch}: {b} / {a} throughput {ratio:.3f} [{lo:.3f}, {hi:.3f}] over "
               f"{rounds} rounds; greedy tokens shared {same:.1%}")
 
 

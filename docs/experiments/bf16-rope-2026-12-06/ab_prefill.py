@@ -7,14 +7,14 @@ round by round; ratios of mean times with 95% intervals over the rounds (`eval/p
     python ab_prefill.py ROUNDS"""
 import itertools
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from carryover_jax.bench.steps import rotated_seconds
 from carryover_jax.decode import autoregressive as ar
-from carryover_jax.eval.paired import paired_bootstrap
+from carryover_jax.eval.paired import speed_ratio
 from carryover_jax.loading import load_target
 from carryover_jax.models import layers
 from carryover_jax.numerics import Numerics
@@ -42,17 +42,11 @@ for name, numerics, rope in (("float32", Numerics(), new_rope), ("bf16-hf-rope",
     arms[name] = lambda fn=fn, p=t.params: jax.block_until_ready(fn(p, ids, lens))
 layers.Attention._rope = new_rope
 names = list(arms)
-secs = {a: [] for a in names}
-for r in range(rounds):
-    for a in names[r % len(names):] + names[:r % len(names)]:
-        start = time.perf_counter()
-        arms[a]()
-        secs[a].append(time.perf_counter() - start)
-    print(f"round {r}: " + ", ".join(f"{a} {secs[a][-1] * 1e3:.0f} ms" for a in names), flush=True)
+secs = rotated_seconds(arms, rounds, lambda r, s: print(
+    f"round {r}: " + ", ".join(f"{a} {s[a][-1] * 1e3:.0f} ms" for a in names), flush=True))
 for a, b in itertools.combinations(names, 2):
-    cmp = paired_bootstrap(secs[a], secs[b], min_prompts=2)  # gain: mean time of a over b's, minus 1
-    lo, hi = (1 + g / 100 for g in cmp["gain_pct_ci"])
-    print(f"{b} / {a} speed {1 + cmp['gain_pct'] / 100:.3f} [{lo:.3f}, {hi:.3f}] over {rounds} rounds "
+    ratio, lo, hi = speed_ratio(secs[a], secs[b])
+    print(f"{b} / {a} speed {ratio:.3f} [{lo:.3f}, {hi:.3f}] over {rounds} rounds "
           f"(mean {np.mean(secs[a]) * 1e3:.0f} / {np.mean(secs[b]) * 1e3:.0f} ms)")
 logits = {a: np.asarray(o[1], np.float32) for a, o in outs.items()}  # prefill -> (cache, last-token logits)
 keys = {a: np.asarray(jax.tree.leaves(o[0])[0]) for a, o in outs.items()}  # layer 0's K cache (as bits in bf16)

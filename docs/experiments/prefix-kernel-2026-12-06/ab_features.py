@@ -7,15 +7,15 @@ intervals over the rounds (`eval/paired.paired_bootstrap`) and the outputs' larg
     python ab_features.py ROUNDS"""
 import itertools
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from carryover_jax.bench.steps import rotated_seconds
 from carryover_jax.config import zlab_layer_ids
 from carryover_jax.configs import load_config
-from carryover_jax.eval.paired import paired_bootstrap
+from carryover_jax.eval.paired import speed_ratio
 from carryover_jax.loading import load_target
 from carryover_jax.train import responses
 
@@ -33,17 +33,11 @@ for name in ("float32 einsum", "float32 cpu", "bf16 einsum", "bf16 cpu", "bf16 c
     outs[name] = jax.device_get(f(t.params, toks))
     arms[name] = lambda f=f, p=t.params, x=toks: jax.block_until_ready(f(p, x))
 names = list(arms)
-secs = {a: [] for a in names}
-for r in range(rounds):
-    for a in names[r % len(names):] + names[:r % len(names)]:
-        start = time.perf_counter()
-        arms[a]()
-        secs[a].append(time.perf_counter() - start)
-    print(f"round {r}: " + ", ".join(f"{a} {secs[a][-1]:.2f} s" for a in names), flush=True)
+secs = rotated_seconds(arms, rounds, lambda r, s: print(
+    f"round {r}: " + ", ".join(f"{a} {s[a][-1]:.2f} s" for a in names), flush=True))
 for a, b in itertools.combinations(names, 2):
-    cmp = paired_bootstrap(secs[a], secs[b], min_prompts=2)  # gain: mean time of a over b's, minus 1
-    lo, hi = (1 + g / 100 for g in cmp["gain_pct_ci"])
-    print(f"{b} / {a} speed {1 + cmp['gain_pct'] / 100:.3f} [{lo:.3f}, {hi:.3f}] over {rounds} rounds "
+    ratio, lo, hi = speed_ratio(secs[a], secs[b])
+    print(f"{b} / {a} speed {ratio:.3f} [{lo:.3f}, {hi:.3f}] over {rounds} rounds "
           f"(mean {np.mean(secs[a]):.2f} / {np.mean(secs[b]):.2f} s)")
 for a, b in (("float32 cpu", "float32 einsum"), ("bf16 cpu", "bf16 einsum")):
     print(f"{a} against {b}, largest |difference| (stored dtypes):",

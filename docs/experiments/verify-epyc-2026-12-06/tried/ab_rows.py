@@ -8,16 +8,17 @@ interleaved rep by rep in one process; ratios of mean times with 95% intervals o
 
     git apply one_segment_token_major.patch   # on 085b5a8
     python ab_rows.py P REPS"""
+import functools
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from carryover_jax.bench.steps import rotated_seconds
 from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode.sampling import argmax
-from carryover_jax.eval.paired import paired_bootstrap
+from carryover_jax.eval.paired import speed_ratio
 from carryover_jax.loading import load_target
 from carryover_jax.models import layers
 from carryover_jax.models.target import TargetLM
@@ -53,27 +54,16 @@ for arm in ("previous", "token-major", "token-major again"):
         jax.block_until_ready(f((cache, tok)))
         calls[f"{rows} rows {arm}"] = f
 layers._one_cache_segment_on_cpu = whole
-secs = {k: [] for k in calls}
-for r in range(REPS):
-    names = list(calls)
-    for k in names[r % len(names):] + names[:r % len(names)]:
-        start = time.perf_counter()
-        jax.block_until_ready(calls[k]((cache, tok)))
-        secs[k].append((time.perf_counter() - start) / N)
+timed = rotated_seconds({k: functools.partial(f, (cache, tok)) for k, f in calls.items()}, REPS)
+secs = {k: [x / N for x in v] for k, v in timed.items()}  # per step
 for k in calls:
     print(f"{k}: {np.mean(secs[k]) * 1e3:.2f} ms a step")
 
 
-def ratio(a, b, what):
-    cmp = paired_bootstrap(secs[a], secs[b], min_prompts=2)  # gain: mean time of a over b's, minus 1
-    lo, hi = (1 + g / 100 for g in cmp["gain_pct_ci"])
-    print(f"{what}: {1 + cmp['gain_pct'] / 100:.3f} [{lo:.3f}, {hi:.3f}]")
-
-
 for rows in (1, P + 1):
     for arm in ("token-major", "token-major again"):
-        ratio(f"{rows} rows previous", f"{rows} rows {arm}", f"{rows} rows: {arm} / previous speed")
+        x, lo, hi = speed_ratio(secs[f"{rows} rows previous"], secs[f"{rows} rows {arm}"])
+        print(f"{rows} rows: {arm} / previous speed: {x:.3f} [{lo:.3f}, {hi:.3f}]")
 for arm in ("previous", "token-major", "token-major again"):
-    cmp = paired_bootstrap(secs[f"1 rows {arm}"], secs[f"{P + 1} rows {arm}"], min_prompts=2)
-    lo, hi = (1 / (1 + g / 100) for g in cmp["gain_pct_ci"][::-1])
-    print(f"{arm}: {P + 1} rows / 1 row time {1 / (1 + cmp['gain_pct'] / 100):.3f} [{lo:.3f}, {hi:.3f}]")
+    x, lo, hi = speed_ratio(secs[f"{P + 1} rows {arm}"], secs[f"1 rows {arm}"])  # mean time of P + 1 rows over 1 row's
+    print(f"{arm}: {P + 1} rows / 1 row time {x:.3f} [{lo:.3f}, {hi:.3f}]")
