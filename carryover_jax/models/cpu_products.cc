@@ -56,6 +56,12 @@ constexpr int kMaxF32Rows = 24;
 // rows of w read together: 8 rather than 4 loads and stores y half as often (SmolLM2's 30 layers' products took
 // 0.90-0.95x the time at 1-8 float32 rows, alternated in one process, 2026-12-04)
 constexpr int kBlock = 8;
+// software prefetches of weights ask for L2 (prefetcht1), not L1 (likely: an L1 prefetch holds one of L1's few
+// miss buffers until its line arrives, and L1 keeps the y rows and x the loop reuses). SmolLM2's 30 layers' products
+// from memory took 0.84-0.91x the time at 1-8 float32 rows and 0.70-0.84x in bf16, its tied head 0.71-0.85x in
+// float32 and 0.63-0.98x in bf16; an AR step at batch 1 0.79-0.87x, a verification of 4 or 8 tokens 0.82-0.86x (2 threads of
+// an AMD EPYC Zen 4, alternated in one process, 2026-12-06, docs/experiments/l2-prefetch-2026-12-06)
+constexpr int kLocality = 2;
 // rows of w prefetched ahead: the next block (16, the block after next, took 1.02-1.04x the time at 1-8 rows in
 // float32, 1.04-1.06x in bf16; 32-48 more still; SmolLM2's 30 layers, alternated, 2026-12-05)
 constexpr int kPrefetch = 8;
@@ -86,7 +92,7 @@ void accumulate(const float* x, const W* w, float* y, int64_t K, int64_t N, int6
     int64_t n = 0;
     for (; n + 16 <= N; n += 16) {
       if (ahead)
-        for (int j = 0; j < kBlock; ++j) __builtin_prefetch(w + (k + kPrefetch + j) * N + n);
+        for (int j = 0; j < kBlock; ++j) __builtin_prefetch(w + (k + kPrefetch + j) * N + n, 0, kLocality);
       v16 wv[kBlock];
       for (int j = 0; j < kBlock; ++j) wv[j] = load(w + (k + j) * N + n);
       for (int m = 0; m < M; ++m) {
@@ -124,7 +130,7 @@ void rows_block(const float* x, const W* e, float* y, int64_t K, int64_t N, int6
   v16 acc[R][M] = {};
   for (int64_t k = 0; k < K16; k += 16) {
     if (ahead)
-      for (int r = 0; r < R; ++r) __builtin_prefetch(e + (n + kRowsAhead + r) * K + k);
+      for (int r = 0; r < R; ++r) __builtin_prefetch(e + (n + kRowsAhead + r) * K + k, 0, kLocality);
     v16 ev[R];
     for (int r = 0; r < R; ++r) ev[r] = load(e + (n + r) * K + k);
     for (int m = 0; m < M; ++m) {
@@ -182,7 +188,7 @@ void tile(const float* x, const float* w, float* y, float* run, int64_t rs, int6
       for (int j = 0; j < NV; ++j) acc[m][j] = first ? v16{} : load(run + (m0 - r0 + m) * rs + 16 * j);
     for (int64_t k = k0; k < k1; ++k) {
       if (pf)
-        for (int j = 0; j < NV; ++j) __builtin_prefetch(pf + (k - k0) * N + 16 * j, 0, 2);
+        for (int j = 0; j < NV; ++j) __builtin_prefetch(pf + (k - k0) * N + 16 * j, 0, kLocality);
       v16 wv[NV];
       for (int j = 0; j < NV; ++j) wv[j] = load(w + k * N + n + 16 * j);
       for (int m = 0; m < MR; ++m) {
@@ -250,7 +256,7 @@ void pairs_block(const uint16_t* x, const uint16_t* w, float* y, int64_t K, int6
       xb[m][p] = odd && p == P - 1 ? x_last(x + m * K + k + 2 * p) : x_pair(x + m * K + k + 2 * p);
   for (int64_t n = 0; n < N32; n += 32) {
     if (ahead)
-      for (int j = 0; j < kBlock; ++j) __builtin_prefetch(w + (k + kPrefetch + j) * N + n);
+      for (int j = 0; j < kBlock; ++j) __builtin_prefetch(w + (k + kPrefetch + j) * N + n, 0, kLocality);
     __m512i lo[P], hi[P];
     for (int p = 0; p < P; ++p) {
       const int64_t r = k + 2 * p;
@@ -323,8 +329,8 @@ void tile(const uint16_t* x, const uint16_t* w, float* y, float* run, int64_t rs
       constexpr bool last = decltype(last_row)::value;
       if (pf)
         for (int j = 0; j < NV / 2; ++j) {
-          __builtin_prefetch(pf + (k - k0) * N + 32 * j, 0, 2);
-          __builtin_prefetch(pf + (k + 1 - k0) * N + 32 * j, 0, 2);
+          __builtin_prefetch(pf + (k - k0) * N + 32 * j, 0, kLocality);
+          __builtin_prefetch(pf + (k + 1 - k0) * N + 32 * j, 0, kLocality);
         }
       __m512i xb[MR];
       for (int m = 0; m < MR; ++m) xb[m] = last ? x_last(x + (m0 + m) * K + k) : x_pair(x + (m0 + m) * K + k);
