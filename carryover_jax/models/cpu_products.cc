@@ -59,8 +59,8 @@ constexpr int kBlock = 8;
 // software prefetches of weights ask for L2 (prefetcht1), not L1 (likely: an L1 prefetch holds one of L1's few
 // miss buffers until its line arrives, and L1 keeps the y rows and x the loop reuses). SmolLM2's 30 layers' products
 // from memory took 0.84-0.91x the time at 1-8 float32 rows and 0.70-0.84x in bf16, its tied head 0.71-0.85x in
-// float32 and 0.63-0.98x in bf16; an AR step at batch 1 0.79-0.87x, a verification of 4 or 8 tokens 0.82-0.86x (2 threads of
-// an AMD EPYC Zen 4, alternated in one process, 2026-12-06, docs/experiments/l2-prefetch-2026-12-06)
+// float32 and 0.63-0.98x in bf16; an AR step at batch 1 0.79-0.87x, a verification of 4 or 8 tokens 0.82-0.86x
+// (2 threads of an AMD EPYC Zen 4, alternated in one process, 2026-12-06, docs/experiments/l2-prefetch-2026-12-06)
 constexpr int kLocality = 2;
 // rows of w prefetched ahead: the next block (16, the block after next, took 1.02-1.04x the time at 1-8 rows in
 // float32, 1.04-1.06x in bf16; 32-48 more still; SmolLM2's 30 layers, alternated, 2026-12-05)
