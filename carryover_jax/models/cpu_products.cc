@@ -146,12 +146,13 @@ void rows_block(const float* x, const W* e, float* y, int64_t K, int64_t N, int6
     }
 }
 
-// y[:, n0:n1] = x . e[n0:n1, :]^T, 4 rows of e at a time up to 8 rows of x (at 8 rows one row of e at a time took
-// 1.11x the time, 2 rows 1.07x: float32, from memory, alternated, 2026-12-05), one at a time above (R x M
-// accumulators stay within the 32 vector registers)
+// y[:, n0:n1] = x . e[n0:n1, :]^T, 4 rows of e at a time up to 6 rows of x, 2 at 7-8 (R x M accumulators, R rows
+// of e and a row of x stay within the 32 vector registers: 4 rows of e at 8 rows of x took 1.11-1.14x the time of 2
+// in float32, 1.17-1.18x in bf16, at 7 rows 0.99-1.04x / 1.05-1.09x; from memory, prefetched to L2, alternated,
+// 2026-12-06; one row at a time 1.11x at 8 rows, 2026-12-05), one at a time above
 template <typename W, int M>
 void rows_of(const float* x, const W* e, float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
-  constexpr int R = M <= kMaxRows ? 4 : 1;
+  constexpr int R = M <= 6 ? 4 : M <= kMaxRows ? 2 : 1;
   int64_t n = n0;
   for (; n + R <= n1; n += R) rows_block<W, M, R>(x, e, y, K, N, n, n + kRowsAhead + R <= N);
   for (; n < n1; ++n) rows_block<W, M, 1>(x, e, y, K, N, n, false);
