@@ -131,6 +131,10 @@ def test_roofline_produces_its_table_on_the_tiny_target(tiny, capsys):
         assert math.isfinite(r["fraction"]) and r["fraction"] > 0, r
         assert r["gflop"] > 0 and r["gb"] > 0, r
         assert r["path"] in out.err  # the table, on stderr with --json
+        if r["row"].startswith("verify"):  # a paired ratio over rotated rounds, its interval and the AR step's A/A
+            lo, hi = r["measured_ratio_ci"]
+            assert lo <= r["measured_ratio"] <= hi and r["aa_ratio"][1] <= r["aa_ratio"][0] <= r["aa_ratio"][2], r
+            assert f"verify({int(r['row'][6:]) + 1}) ÷ AR step, batch 1 | {r['measured_ratio']:.3f} [" in out.err
     assert all(v > 0 for v in result["machine"]["matmul_gflops"].values())
     assert len(result["machine"]["matmul_gflops"]) == 2 * 2 * 2  # float32, bf16 x mlp, head x 2 row counts
     assert "| machine (best of 1) |" in out.err

@@ -17,12 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from carryover_jax.bench import steps
 from carryover_jax.bench.prompts import BENCH_PROMPTS
 from carryover_jax.decode.buckets import next_bucket
 from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode import speculative as sp
 from carryover_jax.decode.generate import generate, speculative_generate
 from carryover_jax.errors import RequestError
+from carryover_jax.eval.paired import speed_ratio
 from carryover_jax.numerics import argmax
 
 
@@ -68,8 +70,8 @@ def run(target, drafter, *, num_prompts: int = 4, max_new_tokens: int = 64, batc
     for m in modes:
         d = per_mode[m]
         rate = d["tokens"] / d["time_s"]
-        row = {"mode": m, "tokens": d["tokens"], "tokens_per_s": round(rate, 2), "speedup_vs_ar": round(rate / ar_rate, 3),
-               "same_tokens_as_ar": outputs[m] == outputs["ar"]}
+        row = {"mode": m, "tokens": d["tokens"], "tokens_per_s": round(rate, 2),
+               "speedup_vs_ar": round(rate / ar_rate, 3), "same_tokens_as_ar": outputs[m] == outputs["ar"]}
         if m != "ar":
             r = max(d["rounds"], 1)
             row.update(tau=round((d["tokens"] - len(prompts)) / r, 3), rounds=d["rounds"],
@@ -108,7 +110,8 @@ def format_table(result: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['mode']} | {r['tokens_per_s']} | {r['speedup_vs_ar']}x | {r.get('tau', '-')} | "
-                     f"{r.get('draft_ms_per_round', '-')} | {r.get('verify_ms_per_round', '-')} | {r['same_tokens_as_ar']} |")
+                     f"{r.get('draft_ms_per_round', '-')} | {r.get('verify_ms_per_round', '-')} | "
+                     f"{r['same_tokens_as_ar']} |")
     lines.append(f"\nCarryover's extra drafting work: {100 * result['carryover_draft_overhead_of_round']:.1f}% of a "
                  "baseline round")
     lines += ["", "| batch | AR tok/s | baseline tok/s | carryover tok/s | carryover/AR | carryover/baseline |",
@@ -195,14 +198,14 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
                 jax.block_until_ready(f(boxes[L]))
                 times[(L, k)].append(time.perf_counter() - t)
     after = compiled()
-    looped = _in_loop_ms(sc, tp, dp, boxes, lens, reset, max(1, repeats // 5), progress)
+    # at least 10 rounds of each loop: the ratios' intervals need them (each call is 32 steps)
+    looped = _in_loop_ms(sc, tp, dp, boxes, lens, reset, max(10, repeats // 2), progress)
     rows = []
     for L in max_lens:
         ms = {k: 1e3 * float(np.median(times[(L, k)])) for k in fns}
         rows.append({"max_len": L, **{f"{k}_ms": round(v, 2) for k, v in ms.items()},
                      **{f"{k}_over_ar": round(ms[k] / ms["ar"], 3) for k in ("draft", "verify", "round")},
-                     **{f"loop_{k}_ms": round(v, 2) for k, v in looped[L].items()},
-                     **{f"loop_{k}_over_ar": round(looped[L][k] / looped[L]["ar"], 3) for k in ("verify", "round")}})
+                     **{f"loop_{k}": v for k, v in looped[L].items()}})
     first, last = rows[0], rows[-1]
     growth = {k: round(last[f"{k}_ms"] / first[f"{k}_ms"] - 1, 3) for k in fns}
     out = {"benchmark": "decode-breakdown", "target": str(target.path),
@@ -225,12 +228,15 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
 LOOP_STEPS = 32  # steps per compiled loop in `_in_loop_ms` (what a loop pays once per call is spread over 32)
 
 
-def _in_loop_ms(sc, tp, dp, boxes, lens, reset, repeats: int, progress: bool) -> dict[int, dict[str, float]]:
+def _in_loop_ms(sc, tp, dp, boxes, lens, reset, rounds: int, progress: bool) -> dict[int, dict[str, Any]]:
     """Milliseconds per AR step, verification and round when `LOOP_STEPS` of them run in one compiled
     `fori_loop`, as inside the decode loops (`generate_loop`), which hand the host nothing per step: a
     separately dispatched call also pays the host's handling of every parameter array (~2-3 ms for SmolLM2),
     and XLA moves loop-invariant work (a drafter's weight conversions) out of a loop. Each loop is compiled
-    once per max_len, then timed `repeats` times, interleaved; medians."""
+    once per max_len, then timed in `rounds` rotated rounds (`steps.rotated_seconds`) with a second AR arm (the
+    A/A); per max_len the medians, and verify ÷ AR, round ÷ AR and the A/A as ratios of mean times over the same
+    rounds with 95% intervals (`eval.paired.speed_ratio`): the loop's ratios move with a shared machine's memory
+    stream, so a ratio is a claim only where the A/A's interval holds 1."""
     def ar_body(params, c):  # greedy: each step's token is the last one's argmax, as in AR decoding
         cache, tok = c
         logits, cache = ar.step(sc.target, params, cache.with_lengths(lens + 0), tok)
@@ -250,19 +256,29 @@ def _in_loop_ms(sc, tp, dp, boxes, lens, reset, repeats: int, progress: bool) ->
 
     calls = {}
     for L, bx in boxes.items():
-        calls[L] = {"ar": functools.partial(looped(ar_body), tp, (bx["cache"], bx["tok"])),
-                    "verify": functools.partial(looped(verify_body), (tp, dp, bx["toks"], bx["q"]), bx["s"]),
-                    "round": functools.partial(looped(round_body), (tp, dp), bx["s"])}
-        for f in calls[L].values():  # compile + warm up
-            jax.block_until_ready(f())
-    times = {(L, k): [] for L in calls for k in calls[L]}
-    for _ in tqdm(range(repeats), desc="bench decode --breakdown, in a loop", disable=not progress):
-        for L, fs in calls.items():
-            for k, f in fs.items():
-                t = time.perf_counter()
-                jax.block_until_ready(f())
-                times[(L, k)].append(time.perf_counter() - t)
-    return {L: {k: 1e3 * float(np.median(times[(L, k)])) / LOOP_STEPS for k in calls[L]} for L in calls}
+        calls[L, "ar"] = functools.partial(looped(ar_body), tp, (bx["cache"], bx["tok"]))
+        calls[L, "verify"] = functools.partial(looped(verify_body), (tp, dp, bx["toks"], bx["q"]), bx["s"])
+        calls[L, "round"] = functools.partial(looped(round_body), (tp, dp), bx["s"])
+        calls[L, "ar again"] = calls[L, "ar"]  # the same program timed as a second arm
+    for k in calls:  # compile + warm up
+        jax.block_until_ready(calls[k]())
+    bar = tqdm(total=rounds, desc="bench decode --breakdown, in a loop", disable=not progress)
+    secs = steps.rotated_seconds(calls, rounds, on_round=lambda r, s: bar.update())
+    bar.close()
+    out = {}
+    for L in boxes:
+        out[L] = {f"{k}_ms": round(1e3 * float(np.median(secs[L, k])) / LOOP_STEPS, 2)
+                  for k in ("ar", "verify", "round")}
+        for k in ("verify", "round", "ar again"):  # mean time of k over the AR step's, [95% interval]
+            ratio = speed_ratio(secs[L, k], secs[L, "ar"])
+            out[L][f"{k.replace(' ', '_')}_over_ar"] = [None if x is None else round(x, 3) for x in ratio]
+    return out
+
+
+def ratio_text(ratio) -> str:
+    """(ratio, low, high) as "1.064 [1.031, 1.098]" (the interval left out where there is none)."""
+    x, lo, hi = ratio
+    return f"{x:.3f}" + ("" if lo is None else f" [{lo:.3f}, {hi:.3f}]")
 
 
 def format_breakdown(r: dict[str, Any]) -> str:
@@ -277,11 +293,13 @@ def format_breakdown(r: dict[str, Any]) -> str:
         lines.append(f"| {x['max_len']} | {x['ar_ms']} | {x['draft_ms']} | {x['verify_ms']} | {x['round_ms']} | "
                      f"{x['draft_over_ar']} | {x['verify_over_ar']} | {x['round_over_ar']} |")
     lines += ["", f"inside a compiled loop ({LOOP_STEPS} steps per call, as in the decode loops: no host handling per "
-                  "step; medians):", "| max_len | AR step ms | verify ms | round ms | verify/AR | round/AR |",
-              "|---|---|---|---|---|---|"]
+                  "step; medians; ratios of mean times over the same rotated rounds, [95% interval], and the AR "
+                  "step against itself, the A/A):",
+              "| max_len | AR step ms | verify ms | round ms | verify/AR | round/AR | A/A |",
+              "|---|---|---|---|---|---|---|"]
     for x in r["rows"]:
         lines.append(f"| {x['max_len']} | {x['loop_ar_ms']} | {x['loop_verify_ms']} | {x['loop_round_ms']} | "
-                     f"{x['loop_verify_over_ar']} | {x['loop_round_over_ar']} |")
+                     + " | ".join(ratio_text(x[f"loop_{k}_over_ar"]) for k in ("verify", "round", "ar_again")) + " |")
     key = next(k for k in r if k.startswith("growth_"))
     lines.append(f"\n{key.replace('_', ' ')}: " + ", ".join(f"{k} {100 * v:+.1f}%" for k, v in r[key].items()))
     if "compiles" in r:
