@@ -21,7 +21,9 @@
 // adds x[k + 1] w[k + 1], then x[k] w[k], both products exact), at 1-8 rows and, tiled as float32 is, at more:
 // SmolLM2's 30 layers' Dense products took 0.63x / 0.74x / 0.84x XLA's bf16 dots' time at 16 / 32 / 64 rows, and
 // 0.81x the widening loop's at 8 rows (2 threads of an AMD EPYC Zen 4, 2026-12-05,
-// docs/experiments/bf16-pairs-2026-12-05).
+// docs/experiments/bf16-pairs-2026-12-05). So do a tied head's bf16 rows of e [N, K] (1-8 rows of x): SmolLM2's
+// head took ~0.5x the widening loop's time at 8 rows and the same at 1 (2026-12-06,
+// docs/experiments/l2-prefetch-2026-12-06).
 //
 // Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix): for each
 // chunk of K (the split depends on K and the pool's size only) one float32 multiply-add chain in k order (by bf16
@@ -306,6 +308,45 @@ void chunk_pairs(const uint16_t* x, const uint16_t* w, float* y, int64_t K, int6
   accumulate_pairs<M>(x, w, y, K, N, k0, k1);
 }
 
+// bf16 rows of e ahead: the bytes float32's kRowsAhead rows are (4 rows took 1.09x the time at 1 row of x, 1.10x at
+// 4: SmolLM2's tied head from memory, alternated, 2026-12-06)
+constexpr int kPairRowsAhead = 2 * kRowsAhead;
+
+// A tied head's bf16 rows by pairs: y[:, n + r] = x . e[n + r, :]^T for r < R, each y's K / 32 pair vectors summed
+// in order by vdpbf16ps (lane i: the pairs (2i, 2i + 1) of each 32 columns), then `sum`'s tree, then the K % 32
+// tail pair by pair in scalar (the same operations whatever R and M)
+template <int M, int R>
+void rows_block_pairs(const uint16_t* x, const uint16_t* e, float* y, int64_t K, int64_t N, int64_t n, bool ahead) {
+  const int64_t K32 = K / 32 * 32;
+  v16 acc[R][M] = {};
+  for (int64_t k = 0; k < K32; k += 32) {
+    if (ahead)
+      for (int r = 0; r < R; ++r) __builtin_prefetch(e + (n + kPairRowsAhead + r) * K + k, 0, kLocality);
+    __m512i ev[R];
+    for (int r = 0; r < R; ++r) ev[r] = _mm512_loadu_si512(e + (n + r) * K + k);
+    for (int m = 0; m < M; ++m) {
+      const __m512i xv = _mm512_loadu_si512(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[r][m] = dot2(acc[r][m], xv, ev[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) {
+      float s = sum(acc[r][m]);
+      const uint16_t* er = e + (n + r) * K;
+      for (int64_t k = K32; k < K; k += 2) s = dot2(s, x + m * K + k, er[k], k + 1 < K ? er[k + 1] : 0, k + 1 >= K);
+      y[m * N + n + r] = s;
+    }
+}
+
+// y[:, n0:n1] = x . e[n0:n1, :]^T by pairs, R rows of e at a time as `rows_of` reads them
+template <int M>
+void rows_of_pairs(const uint16_t* x, const uint16_t* e, float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  constexpr int R = M <= 6 ? 4 : 2;
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) rows_block_pairs<M, R>(x, e, y, K, N, n, n + kPairRowsAhead + R <= N);
+  for (; n < n1; ++n) rows_block_pairs<M, 1>(x, e, y, K, N, n, false);
+}
+
 // the tiled loop's tile by pairs: NV / 2 groups of 32 columns (NV 0: `cols` < 32 columns in scalar); `run` in pair
 // order, y (at a chunk's last panel) in column order
 template <int MR, int NV>
@@ -452,16 +493,17 @@ void by_chunks(ffi::ThreadPool& pool, Fn fn, const X* xs, const W* ws, float* ou
 
 #ifdef CARRYOVER_BF16_PAIRS
 using PairFn = void (*)(const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t, int64_t);
-template <std::size_t... I>
+template <bool kRows, std::size_t... I>
 constexpr std::array<PairFn, sizeof...(I)> pair_fns(std::index_sequence<I...>) {
-  return {chunk_pairs<int(I) + 1>...};
+  if constexpr (kRows) return {rows_of_pairs<int(I) + 1>...};
+  else return {chunk_pairs<int(I) + 1>...};
 }
 
 // bf16 x [M, K] . w [K, N] by pairs: 1-8 rows in one pass over w (then y back from pair order), more tiled
 ffi::Error Pairs(ffi::ThreadPool& pool, const uint16_t* x, const uint16_t* w, float* y, int64_t M, int64_t K,
                  int64_t N, int64_t threads) {
   if (M > kMaxRows) return Tiled(pool, x, w, y, M, K, N, threads);
-  static constexpr auto table = pair_fns(std::make_index_sequence<kMaxRows>());
+  static constexpr auto table = pair_fns<false>(std::make_index_sequence<kMaxRows>());
   by_chunks<false>(pool, table[M - 1], x, w, y, M, K, N, threads);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n + 32 <= N; n += 32) {
@@ -503,6 +545,11 @@ ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ff
   const int64_t threads = pool.num_threads() < 1 ? 1 : pool.num_threads();
 #ifdef CARRYOVER_BF16_PAIRS
   if constexpr (pairs) return Pairs(pool, x.typed_data(), w.typed_data(), y->typed_data(), rows, K, N, threads);
+  if constexpr (kRows && !std::is_same_v<W, float>) {  // a tied head's bf16 rows (1-8, checked above)
+    static constexpr auto table = pair_fns<true>(std::make_index_sequence<kMaxRows>());
+    by_chunks<true>(pool, table[rows - 1], x.typed_data(), w.typed_data(), y->typed_data(), rows, K, N, threads);
+    return ffi::Error::Success();
+  }
 #endif
   if constexpr (std::is_same_v<W, float>) {
     if (tiled && rows > kMaxF32Rows)
@@ -530,8 +577,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuProductsRows, (Products<true, ffi::F32
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuProductsBf16, (Products<false, ffi::BF16>), CARRYOVER_BIND(BF16));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuProductsRowsBf16, (Products<true, ffi::BF16>), CARRYOVER_BIND(BF16));
 
-// What the bf16 products of w [K, N] run on this build (cpu_products.py routes bf16 rows by it): 1 by vdpbf16ps
-// pairs (any number of rows), 0 widened to float32 (1-8 rows)
+// What the bf16 products run on this build (cpu_products.py routes bf16 rows by it): 1 by vdpbf16ps pairs (w [K, N]
+// at any number of rows, e [N, K] at 1-8), 0 widened to float32 (1-8 rows)
 extern "C" int carryover_cpu_products_bf16_pairs() {
 #ifdef CARRYOVER_BF16_PAIRS
   return 1;

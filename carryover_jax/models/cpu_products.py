@@ -36,7 +36,7 @@ BF16_PAIR_ROWS = 64
 # names carry a version (a changed kernel gets new ones, so a cached program never calls an older kernel)
 SYMBOLS = {("kn", "float32"): "CarryoverCpuProducts", ("nk", "float32"): "CarryoverCpuProductsRows",
            ("kn", "bfloat16"): "CarryoverCpuProductsBf16", ("nk", "bfloat16"): "CarryoverCpuProductsRowsBf16"}
-TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v5" for key in SYMBOLS}
+TARGETS = {key: f"carryover_cpu_products_{key[0]}_{key[1]}_v6" for key in SYMBOLS}
 
 
 @functools.cache
@@ -48,7 +48,8 @@ def available() -> bool:
 
 @functools.cache
 def bf16_pairs() -> bool:
-    """Whether the built kernel multiplies bf16 w [K, N] by avx512_bf16 pairs (any number of rows)."""
+    """Whether the built kernel multiplies bf16 operands by avx512_bf16 pairs: w [K, N] at any number of rows, a tied
+    head's e [N, K] at 1-8."""
     return available() and bool(cpu_kernels.library().carryover_cpu_products_bf16_pairs())
 
 
