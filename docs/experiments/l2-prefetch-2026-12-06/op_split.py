@@ -5,7 +5,7 @@ profiler's own cost rides on every op), the 25 ops whose time grows most at P + 
     python op_split.py P [DTYPE]"""
 import collections, functools, os, re, sys, tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "verify-rows-2026-12-05"))
-import jax, jax.numpy as jnp, numpy as np
+import jax, jax.numpy as jnp
 from carryover_jax.bench.opprofile import _events, _OP
 from carryover_jax.decode.sampling import argmax
 from carryover_jax.models.target import TargetLM
