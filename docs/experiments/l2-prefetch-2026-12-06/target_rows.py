@@ -6,41 +6,36 @@ results, for timing only): "head of 1 row" (the tied head over the last row alon
 
     python target_rows.py P REPS"""
 import functools
+import os
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from carryover_jax.bench.steps import rotated_seconds
-from carryover_jax.decode import autoregressive as ar
-from carryover_jax.decode.sampling import argmax
-from carryover_jax.eval.paired import speed_ratio
-from carryover_jax.loading import load_target
-from carryover_jax.models.target import TargetLM
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "verify-rows-2026-12-05"))
+from batch1 import looped, prefilled, setup  # noqa: E402
+
+from carryover_jax.bench.steps import rotated_seconds  # noqa: E402
+from carryover_jax.decode.sampling import argmax  # noqa: E402
+from carryover_jax.eval.paired import speed_ratio  # noqa: E402
+from carryover_jax.models.target import TargetLM  # noqa: E402
 
 P, REPS = int(sys.argv[1]), int(sys.argv[2])
 N, L = 32, 1024
-target = load_target("smollm2")
-cfg, params = target.cfg, target.params
-rng = np.random.default_rng(0)
-tokens = np.zeros((1, 128), np.int32)
-tokens[:, :100] = rng.integers(10, cfg.vocab_size, (1, 100))
-lens = jnp.full((1,), 100, jnp.int32)
-cache, logits = ar.prefill(cfg, params, jnp.asarray(tokens), lens, max_len=L)
-tok = jnp.argmax(logits, -1).astype(jnp.int32)
-drafts = jnp.asarray(rng.integers(10, cfg.vocab_size, (1, P)), jnp.int32)
+b = setup(P)
+bx = prefilled(b, L)
 
 
 def loop(rows: int):
-    def body(_, c):
+    def body(params, c):
         cache, tok = c
-        chunk = jnp.concatenate([tok[:, None], drafts], axis=1)[:, :rows]
-        lg, cache, _ = TargetLM(cfg).apply({"params": params}, chunk, cache=cache.with_lengths(lens + 0))
+        chunk = jnp.concatenate([tok[:, None], bx["toks"]], axis=1)[:, :rows]
+        lg, cache, _ = TargetLM(b.tcfg).apply({"params": params}, chunk, cache=cache.with_lengths(b.lens + 0))
         return cache, argmax(lg).astype(jnp.int32)[:, -1]
-    f = jax.jit(lambda c: jax.lax.fori_loop(0, N, body, c))
-    jax.block_until_ready(f((cache, tok)))  # traced and compiled now, under the patches in force
-    return functools.partial(f, (cache, tok))
+    f = functools.partial(looped(body, N), b.tp, (bx["cache"], bx["tok"]))
+    jax.block_until_ready(f())  # traced and compiled now, under the patches in force
+    return f
 
 
 head = TargetLM.head
