@@ -22,8 +22,8 @@
 // SmolLM2's 30 layers' Dense products took 0.63x / 0.74x / 0.84x XLA's bf16 dots' time at 16 / 32 / 64 rows, and
 // 0.81x the widening loop's at 8 rows (2 threads of an AMD EPYC Zen 4, 2026-12-05,
 // docs/experiments/bf16-pairs-2026-12-05). So do a tied head's bf16 rows of e [N, K] (1-8 rows of x): SmolLM2's
-// head took ~0.5x the widening loop's time at 8 rows and the same at 1 (2026-12-06,
-// docs/experiments/l2-prefetch-2026-12-06).
+// head took 0.50x the widening loop's time at 8 rows and 0.70x at 4, 1.04-1.29x alone at 1 row, where the AR step
+// in the decode loop took 0.99-1.04x (2026-12-06, docs/experiments/l2-prefetch-2026-12-06).
 //
 // Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix): for each
 // chunk of K (the split depends on K and the pool's size only) one float32 multiply-add chain in k order (by bf16
@@ -308,8 +308,8 @@ void chunk_pairs(const uint16_t* x, const uint16_t* w, float* y, int64_t K, int6
   accumulate_pairs<M>(x, w, y, K, N, k0, k1);
 }
 
-// bf16 rows of e ahead: the bytes float32's kRowsAhead rows are (4 rows took 1.09x the time at 1 row of x, 1.10x at
-// 4: SmolLM2's tied head from memory, alternated, 2026-12-06)
+// bf16 rows of e ahead: the bytes float32's kRowsAhead rows are (4 rows took 1.04-1.09x the time at 1 row of x,
+// 1.10x at 4: SmolLM2's tied head from memory, alternated, 2026-12-06)
 constexpr int kPairRowsAhead = 2 * kRowsAhead;
 
 // A tied head's bf16 rows by pairs: y[:, n + r] = x . e[n + r, :]^T for r < R, each y's K / 32 pair vectors summed
