@@ -534,7 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-sizes", type=SIZE, nargs="+", default=[1, 8])
     b.add_argument("--max-new-tokens", type=SIZE, default=64)
     b.add_argument("--repeats", type=SIZE, default=None,
-                   help="timed calls (default: ar, decode 1; decode --breakdown 25; roofline 5)")
+                   help="timed calls (default: ar, decode 1; decode --breakdown 25; roofline 5); the in-loop steps of "
+                        "--breakdown and the roofline's verify rows: max(10, repeats / 2) rotated rounds")
     b.add_argument("--out", type=user_path, help="also write the result as JSON here")
     b.set_defaults(func=_cmd_bench)
 
