@@ -22,7 +22,7 @@
 // SmolLM2's 30 layers' Dense products took 0.63x / 0.74x / 0.84x XLA's bf16 dots' time at 16 / 32 / 64 rows, and
 // 0.81x the widening loop's at 8 rows (2 threads of an AMD EPYC Zen 4, 2026-12-05,
 // docs/experiments/bf16-pairs-2026-12-05). So do a tied head's bf16 rows of e [N, K] (1-8 rows of x): SmolLM2's
-// head took 0.50x the widening loop's time at 8 rows and 0.70x at 4, 1.04-1.29x alone at 1 row, where the AR step
+// head took 0.50x the widening loop's time at 8 rows and 0.70x at 4, 1.08-1.10x alone at 1 row, where the AR step
 // in the decode loop took 0.99-1.04x (2026-12-06, docs/experiments/l2-prefetch-2026-12-06).
 //
 // Every y[m, n] is computed by the same operations in the same order whatever M is (rows never mix): for each
