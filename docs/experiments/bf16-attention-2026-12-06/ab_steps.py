@@ -6,44 +6,19 @@ step by step in one process; ratios of mean times with 95% intervals over the ro
 and each mode's loss in both arms.
 
     python ab_steps.py ROUNDS"""
+import os
 import sys
 
-import jax
-import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ab_arms import step_arms, step_report  # noqa: E402
 
-from carryover_jax.bench.roofline import _drafter
-from carryover_jax.bench.steps import rotated_seconds
-from carryover_jax.bench.train import step_call, synthetic_batch
-from carryover_jax.configs import load_config
-from carryover_jax.eval.paired import speed_ratio
-from carryover_jax.loading import load_target
-from carryover_jax.models import cpu_attention
+from carryover_jax.models import cpu_attention  # noqa: E402
 
 rounds = int(sys.argv[1])
 tiles = cpu_attention.prefix_attention
 calls, losses = {}, {}
 for arm in ("per-query", "tiles"):
     cpu_attention.prefix_attention = cpu_attention.live_attention if arm == "per-query" else tiles  # read when traced
-    cfg = load_config("smollm2")
-    target = load_target(cfg.target, numerics=cfg.run_numerics())
-    d = _drafter(cfg, target)
-    with_kv = synthetic_batch(cfg, target, d.cfg, stored=cfg.features == "store")
-    batch = {k: v for k, v in with_kv.items() if k != "kv"}
-    for mode in ("baseline", "dvd", "control"):
-        fn = step_call(cfg, target, d.cfg, d.params, with_kv if mode == "dvd" else batch, mode=mode, off_metrics=False)
-        losses[f"{mode} {arm}"] = float(jax.block_until_ready(fn()))
-        calls[f"{mode} {arm}"] = fn
-        if arm == "tiles":
-            calls[f"{mode} tiles again"] = fn
+    step_arms(arm, calls, losses, again=arm == "tiles")
 cpu_attention.prefix_attention = tiles
-names = list(calls)
-secs = rotated_seconds(calls, rounds, lambda r, s: print(
-    f"round {r}: " + ", ".join(f"{k} {s[k][-1] * 1e3:.0f} ms" for k in names), flush=True))
-for mode in ("baseline", "dvd", "control"):
-    for b in ("tiles", "tiles again"):
-        ratio, lo, hi = speed_ratio(secs[f"{mode} per-query"], secs[f"{mode} {b}"])
-        print(f"{mode}: {b} / per-query speed {ratio:.3f} [{lo:.3f}, {hi:.3f}] (mean "
-              f"{np.mean(secs[f'{mode} per-query']) * 1e3:.0f} / {np.mean(secs[f'{mode} {b}']) * 1e3:.0f} ms)")
-    ratio, lo, hi = speed_ratio(secs[f"{mode} tiles"], secs[f"{mode} tiles again"])
-    print(f"{mode}: A/A {ratio:.3f} [{lo:.3f}, {hi:.3f}]; loss per-query "
-          f"{losses[f'{mode} per-query']:.6f}, tiles {losses[f'{mode} tiles']:.6f}")
+step_report(calls, losses, rounds, "per-query", "tiles")

@@ -5,44 +5,19 @@ A/A). Whole calls, the arms rotated round by round in one process; ratios of mea
 rounds (`eval/paired.paired_bootstrap`) and the outputs' largest differences.
 
     python ab_feature_passes.py ROUNDS"""
-import itertools
+import os
 import sys
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ab_arms import feature_arm, feature_report  # noqa: E402
 
-from carryover_jax.bench.steps import rotated_seconds
-from carryover_jax.config import zlab_layer_ids
-from carryover_jax.configs import load_config
-from carryover_jax.eval.paired import speed_ratio
-from carryover_jax.loading import load_target
-from carryover_jax.train import responses
+from carryover_jax.train import responses  # noqa: E402
 
 rounds = int(sys.argv[1])
 PASS = responses.FEATURE_PASS_TOKENS
 arms, outs = {}, {}
 for name in ("float32 whole", "float32 passes", "bf16 whole", "bf16 passes", "float32 passes again"):
-    cfg = load_config("smollm2")
-    if name.startswith("bf16"):
-        cfg = cfg.replace(numerics=cfg.numerics.replace(dtype="bfloat16"), compute_dtype=None)
-    t = load_target(cfg.target, numerics=cfg.run_numerics(prepare=True))
-    ids = tuple(cfg.data.feature_layer_ids or cfg.drafter.target_layer_ids or zlab_layer_ids(t.cfg.num_layers))
-    toks = jnp.asarray(np.random.default_rng(0).integers(10, t.cfg.vocab_size, (32, cfg.data.max_len)))
-    responses.FEATURE_PASS_TOKENS = 10 ** 9 if "whole" in name else PASS  # read when the arm is traced, below
-    f = jax.jit(lambda p, x, t=t, ids=ids: responses._features.__wrapped__(p, x, cfg=t.cfg, layer_ids=ids,
-                                                                            kv_dtype=None))
-    outs[name] = jax.device_get(f(t.params, toks))
-    arms[name] = lambda f=f, p=t.params, x=toks: jax.block_until_ready(f(p, x))
+    responses.FEATURE_PASS_TOKENS = 10 ** 9 if "whole" in name else PASS  # read when the arm is traced
+    arms[name], outs[name] = feature_arm(**({"dtype": "bfloat16"} if name.startswith("bf16") else {}))
 responses.FEATURE_PASS_TOKENS = PASS
-names = list(arms)
-secs = rotated_seconds(arms, rounds, lambda r, s: print(
-    f"round {r}: " + ", ".join(f"{a} {s[a][-1]:.2f} s" for a in names), flush=True))
-for a, b in itertools.combinations(names, 2):
-    ratio, lo, hi = speed_ratio(secs[a], secs[b])
-    print(f"{b} / {a} speed {ratio:.3f} [{lo:.3f}, {hi:.3f}] over {rounds} rounds "
-          f"(mean {np.mean(secs[a]):.2f} / {np.mean(secs[b]):.2f} s)")
-for a, b in (("float32 passes", "float32 whole"), ("bf16 passes", "bf16 whole")):
-    print(f"{a} against {b}, largest |difference| (stored dtypes):",
-          {k: float(np.max(np.abs(np.asarray(outs[a][k], np.float32) - np.asarray(outs[b][k], np.float32))))
-           for k in outs[a]})
+feature_report(arms, outs, rounds, (("float32 passes", "float32 whole"), ("bf16 passes", "bf16 whole")))
