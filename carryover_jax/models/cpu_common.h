@@ -57,6 +57,34 @@ inline float sum(v16 v) {  // a fixed tree: 16 -> 8 -> 4 lanes, then (0 + 2) + (
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
+// `sum` of 16 vectors at once, by the same tree: out[4 g + j] = sum(a[4 j + g]). Each level's shuffles put the
+// lanes `sum` adds side by side, so one add serves 2-8 vectors (45 shuffles and adds for 16 sums, against ~8 a sum).
+inline v16 sums16(const v16 (&a)[16]) {
+  v16 t[8], u[4], v[2];
+  for (int j = 0; j < 8; ++j)  // lanes i + (i + 8)
+    t[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(a[2 * j], a[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int k = 0; k < 4; ++k)  // then i + (i + 4)
+    u[k] = __builtin_shufflevector(t[2 * k], t[2 * k + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(t[2 * k], t[2 * k + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  for (int l = 0; l < 2; ++l)  // then 0 + 2 and 1 + 3 of each 4
+    v[l] = __builtin_shufflevector(u[2 * l], u[2 * l + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+           __builtin_shufflevector(u[2 * l], u[2 * l + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  return __builtin_shufflevector(v[0], v[1], 0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30) +
+         __builtin_shufflevector(v[0], v[1], 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31);
+}
+
+// sum(acc[i]) for i < count into s[i], 16 at a time by `sums16` (the same bits as `sum` one by one)
+template <int kCount>
+inline void sums(const v16* acc, float* s) {
+  for (int i0 = 0; i0 < kCount; i0 += 16) {
+    v16 a[16] = {};
+    for (int i = i0; i < i0 + 16 && i < kCount; ++i) a[i - i0] = acc[i];
+    const v16 out = sums16(a);
+    for (int i = i0; i < i0 + 16 && i < kCount; ++i) s[i] = out[4 * ((i - i0) % 4) + (i - i0) / 4];
+  }
+}
+
 // exp(x) for x <= 0 (a value minus its row's max), Cephes' single-precision polynomial (~1 ulp): x = n ln2 + r,
 // |r| <= ln2 / 2, 2^n from the exponent bits; 0 below -87 (where exp would leave the normal floats).
 inline v16 exp_nonpositive(v16 x) {

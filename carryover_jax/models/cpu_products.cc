@@ -72,6 +72,8 @@ constexpr int kPrefetch = 8;
 // rows of x took 3.9 / 4.6 / 5.2 ms, against 5.0 / 6.0 / 7.3 one row of e at a time without it, and XLA's dot
 // 4.2 / 6.7 / 8.3 (float32, 2 threads, alternated in one process, 2026-12-05)
 constexpr int kRowsAhead = 4;
+// accumulators of a block of rows of e from which their sums go 16 at a time (`sums16`)
+constexpr int kTreeRows = 8;
 // the tiled path (more than kMaxF32Rows rows): 4 x 6 vectors of accumulators, 96 rows of w a panel (4 x 6 over 96
 // took 0.63-0.97x the time of 6 x 4, 8 x 3, 3 x 8 or 2 x 12 tiles and of 48- to 192-row panels at 64 rows; prefetching
 // the next panel to L2 0.87-0.92x against none: SmolLM2's 30 layers' Dense shapes, 2 threads, 2026-12-05,
@@ -80,6 +82,19 @@ constexpr int kTileRows = 4, kTileVecs = 6, kPanel = 96;
 // rows a task takes, so that a pool of more threads than column tiles has work (16-64 rows a task took the same time
 // as one task a column tile at 16-128 rows on 2 threads)
 constexpr int64_t kGroupRows = 64;
+
+// x's values in a block of rows of w, for the column loop. With many rows of x their 8 M broadcasts and the block's
+// 8 vectors of w exceed the 32 vector registers, and hoisted out of the loop (as the compiler does) they are spilled
+// as whole vectors, 64 bytes a reload; behind an opaque pointer they stay 4-byte broadcasts folded into the
+// multiply-adds. SmolLM2's 30 layers' products with the weights in L3 (the arithmetic's own rate) took 0.86-0.93x
+// the time at 6-8 float32 rows, 0.96x at 5, the same at 4 and 1.08x at 3 (so from 5 rows on); from memory 0.88-0.99x
+// at 8 rows as the stream's rate varies (2 threads, AMD EPYC Zen 4, alternated, 2026-12-06,
+// docs/experiments/verify-arithmetic-2026-12-06)
+template <int M, typename T>
+inline const T* opaque(const T* p) {
+  if constexpr (M >= 5) asm("" : "+r"(p));
+  return p;
+}
 
 // y[0:M, :] += x[0:M, k0:k1] . w[k0:k1, :] (each y vector's M accumulators stay in registers over a block).
 // W: float, or uint16_t for bf16 weights (widened to float as they are read; float32 products and sums).
@@ -97,9 +112,10 @@ void accumulate(const float* x, const W* w, float* y, int64_t K, int64_t N, int6
         for (int j = 0; j < kBlock; ++j) __builtin_prefetch(w + (k + kPrefetch + j) * N + n, 0, kLocality);
       v16 wv[kBlock];
       for (int j = 0; j < kBlock; ++j) wv[j] = load(w + (k + j) * N + n);
+      const float* bp = opaque<M>(&b[0][0]);
       for (int m = 0; m < M; ++m) {
         v16 acc = load(y + m * N + n);
-        for (int j = 0; j < kBlock; ++j) acc += b[m][j] * wv[j];
+        for (int j = 0; j < kBlock; ++j) acc += bp[m * kBlock + j] * wv[j];
         store(y + m * N + n, acc);
       }
     }
@@ -140,9 +156,16 @@ void rows_block(const float* x, const W* e, float* y, int64_t K, int64_t N, int6
       for (int r = 0; r < R; ++r) acc[r][m] += xv * ev[r];
     }
   }
+  float total[R][M];
+  if constexpr (R * M >= kTreeRows) {
+    sums<R * M>(&acc[0][0], &total[0][0]);
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < M; ++m) total[r][m] = sum(acc[r][m]);
+  }
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) {
-      float s = sum(acc[r][m]);
+      float s = total[r][m];
       for (int64_t k = K16; k < K; ++k) s = madd(x[m * K + k], value(e[(n + r) * K + k]), s);
       y[m * N + n + r] = s;
     }
@@ -329,9 +352,16 @@ void rows_block_pairs(const uint16_t* x, const uint16_t* e, float* y, int64_t K,
       for (int r = 0; r < R; ++r) acc[r][m] = dot2(acc[r][m], xv, ev[r]);
     }
   }
+  float total[R][M];
+  if constexpr (R * M >= kTreeRows) {
+    sums<R * M>(&acc[0][0], &total[0][0]);
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < M; ++m) total[r][m] = sum(acc[r][m]);
+  }
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) {
-      float s = sum(acc[r][m]);
+      float s = total[r][m];
       const uint16_t* er = e + (n + r) * K;
       for (int64_t k = K32; k < K; k += 2) s = dot2(s, x + m * K + k, er[k], k + 1 < K ? er[k + 1] : 0, k + 1 >= K);
       y[m * N + n + r] = s;

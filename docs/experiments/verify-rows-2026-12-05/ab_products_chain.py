@@ -2,10 +2,11 @@
 chained in one jitted program per build, this checkout's build ("current") against other builds of
 `cpu_products.cc`, calls alternated in one process; every build must give the same outputs bit for bit.
 
-    SOS=old=/tmp/old.so python ab_products_chain.py float32|bfloat16 PAIRS ROWS...
+    [LAYERS=30] SOS=old=/tmp/old.so python ab_products_chain.py float32|bfloat16 PAIRS ROWS...
 
-SOS: name=library pairs, comma-separated (build a library as `ab_loop.py`'s docstring shows). Prints the
-median ms per chain and, in parentheses, the median per-pair ratio to "current"."""
+LAYERS: distinct layers' weights (a divisor of 30), read in turn 30 layers in all: 1 keeps them in L3 (14 MB in
+float32), the arithmetic's own rate. SOS: name=library pairs, comma-separated (build a library as `ab_loop.py`'s
+docstring shows). Prints the median ms per chain and, in parentheses, the median per-pair ratio to "current"."""
 import ctypes, os, sys, time
 import numpy as np, jax, jax.numpy as jnp
 from carryover_jax.models import cpu_products as cp
@@ -20,8 +21,9 @@ for spec in os.environ.get("SOS", "").split(","):
     jax.ffi.register_ffi_target(f"ab_{name}_{dt}", jax.ffi.pycapsule(getattr(lib, sym)), platform="cpu")
     targets[name] = f"ab_{name}_{dt}"
 rng = np.random.default_rng(0)
-shapes = [(576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536), (1536, 576)] * 30
-ws = [jnp.asarray(rng.normal(size=s) * 0.02, dt) for s in shapes]
+layers = int(os.environ.get("LAYERS", 30))  # distinct layers, read in turn 30 times in all (LAYERS=1: hot in L3)
+shapes = [(576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536), (1536, 576)] * layers
+ws = [jnp.asarray(rng.normal(size=s) * 0.02, dt) for s in shapes] * (30 // layers)
 def chain(target):
     def f(x, ws):
         acc = jnp.zeros((x.shape[0],), jnp.float32)
