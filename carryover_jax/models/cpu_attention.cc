@@ -38,37 +38,13 @@ constexpr int kMaxVectors = 32;    // D <= 512 (16 lanes each)
 // (A/A 1.006; 2026-12-05, attention-prefetch-2026-12-05); 16 and 64 slots ahead did no better
 constexpr int64_t kSlotsAhead = 32;
 
-// 16 vectors -> the 16 sums of their lanes in one vector, each by `sum`'s tree (lanes j + j+8, then j + j+4,
-// then (0 + 2) + (1 + 3)), so a score is the same whichever path or block position computed it.
-inline v16 sums16(const v16* a) {
-#if defined(__clang__) || __GNUC__ >= 12
-  v16 h[8], q[4], e[2];
-  for (int i = 0; i < 8; ++i)  // lanes 0-7: a[2i] (j + j+8), lanes 8-15: a[2i+1]
-    h[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22,
-                                   23) +
-           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
-                                   31);
-  for (int i = 0; i < 4; ++i)  // 4 lanes per vector: j + j+4
-    q[i] = __builtin_shufflevector(h[2 * i], h[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-           __builtin_shufflevector(h[2 * i], h[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  for (int i = 0; i < 2; ++i)  // 2 lanes per vector: 0 + 2, 1 + 3
-    e[i] = __builtin_shufflevector(q[2 * i], q[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-           __builtin_shufflevector(q[2 * i], q[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-  return __builtin_shufflevector(e[0], e[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
-         __builtin_shufflevector(e[0], e[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-#else
-  v16 out;
-  for (int i = 0; i < 16; ++i) out[i] = sum(a[i]);
-  return out;
-#endif
-}
-
 // One (batch row, K/V head): q [R, D] float32, k/v [S, D], slot ranges [lo[r], hi[r]) -> m [R], l [R], o [R, D].
 // NV = D / 16 (0: read at run time from `nv`). Slots go in blocks of 16 (a block of K or V stays in L1 while
 // every query that sees it reads it); `scores` holds R x (16-padded width) floats.
 template <typename KV, int NV>
 void attend(const float* q, const KV* k, const KV* v, const int64_t* lo, const int64_t* hi, int64_t R, int64_t nv,
             float scale, float* m, float* l, float* o, std::vector<float>& scores) {
+  constexpr bool kInPlace = std::is_same_v<KV, float>;  // float32 K/V read where they lie (below)
   const int64_t n_v = NV > 0 ? NV : nv, D = 16 * n_v;
   int64_t begin = INT64_MAX, end = 0;
   for (int64_t r = 0; r < R; ++r)
@@ -89,16 +65,36 @@ void attend(const float* q, const KV* k, const KV* v, const int64_t* lo, const i
         if (i + kSlotsAhead < end) __builtin_prefetch(k + (i + kSlotsAhead) * D + 16 * j);
         __builtin_prefetch(v + i * D + 16 * j);
       }
-    v16 kb[16][NV > 0 ? NV : kMaxVectors];
-    for (int i = 0; i < 16; ++i)
-      for (int64_t j = 0; j < n_v; ++j) kb[i][j] = s0 + i < end ? load(k + (s0 + i) * D + 16 * j) : v16{};
+    // float32 keys: a full block is read where it lies (in L1 once the first query has read it), and only the last,
+    // partial block is copied, padded with zero keys. Copying every block to a local array first (64 vectors at D
+    // 64: more than the registers, so a copy in memory) took 1.05-1.10x the time of batch-64 generation at
+    // 200-400-token prompts (alternated in one process, A/A 1.004; 2026-12-06,
+    // docs/experiments/verify-arithmetic-2026-12-06). bf16 keys are still widened once into that local array (read
+    // in place, every query would widen them again; 1.05x the time at batch 64, inside bf16's A/A spread).
+    const KV* kp = k + s0 * D;
+    KV tail[kInPlace ? 16 * 16 * kMaxVectors : 1];  // 16 slots of up to 512 dims
+    v16 kb[kInPlace ? 1 : 16][NV > 0 ? NV : kMaxVectors];
+    if constexpr (kInPlace) {
+      if (s0 + 16 > end) {
+        std::memset(tail, 0, sizeof(KV) * 16 * D);
+        std::memcpy(tail, kp, sizeof(KV) * (end - s0) * D);
+        kp = tail;
+      }
+    } else {
+      for (int i = 0; i < 16; ++i)
+        for (int64_t j = 0; j < n_v; ++j) kb[i][j] = s0 + i < end ? load(kp + i * D + 16 * j) : v16{};
+    }
+    auto key = [&](int i, int64_t j) __attribute__((always_inline)) {
+      if constexpr (kInPlace) return load(kp + i * D + 16 * j);
+      else return kb[i][j];
+    };
     for (int64_t r = 0; r < R; ++r) {
       if (s0 >= hi[r] || s0 + 16 <= lo[r]) continue;
       const float* qr = q + r * D;
       v16 acc[16];
       for (int i = 0; i < 16; ++i) {
-        acc[i] = load(qr) * kb[i][0];
-        for (int64_t j = 1; j < n_v; ++j) acc[i] += load(qr + 16 * j) * kb[i][j];
+        acc[i] = load(qr) * key(i, 0);
+        for (int64_t j = 1; j < n_v; ++j) acc[i] += load(qr + 16 * j) * key(i, j);
       }
       store(sc + r * width + (s0 - begin), sums16(acc) * scale);
     }
@@ -131,9 +127,17 @@ void attend(const float* q, const KV* k, const KV* v, const int64_t* lo, const i
   }
   // outputs: each query's sum over its slots in slot order, 16 value rows at a time
   for (int64_t s0 = begin; s0 < end; s0 += 16) {
-    v16 vb[16][NV > 0 ? NV : kMaxVectors];
-    for (int i = 0; i < 16; ++i)
-      for (int64_t j = 0; j < n_v; ++j) vb[i][j] = s0 + i < end ? load(v + (s0 + i) * D + 16 * j) : v16{};
+    // float32 values read in place (rows past `end` are never read: a query's slots end by then), bf16 ones widened
+    // once, as the keys
+    const KV* vp = v + s0 * D;
+    v16 vb[kInPlace ? 1 : 16][NV > 0 ? NV : kMaxVectors];
+    if constexpr (!kInPlace)
+      for (int i = 0; i < 16; ++i)
+        for (int64_t j = 0; j < n_v; ++j) vb[i][j] = s0 + i < end ? load(vp + i * D + 16 * j) : v16{};
+    auto value_row = [&](int64_t i, int64_t j) __attribute__((always_inline)) {
+      if constexpr (kInPlace) return load(vp + i * D + 16 * j);
+      else return vb[i][j];
+    };
     for (int64_t r = 0; r < R; ++r) {
       const int64_t a = lo[r] > s0 ? lo[r] : s0, z = hi[r] < s0 + 16 ? hi[r] : s0 + 16;
       if (a >= z) continue;
@@ -142,7 +146,7 @@ void attend(const float* q, const KV* k, const KV* v, const int64_t* lo, const i
       v16 acc[NV > 0 ? NV : kMaxVectors];
       for (int64_t j = 0; j < n_v; ++j) acc[j] = load(out + 16 * j);
       for (int64_t s = a; s < z; ++s)
-        for (int64_t j = 0; j < n_v; ++j) acc[j] += p[s] * vb[s - s0][j];
+        for (int64_t j = 0; j < n_v; ++j) acc[j] += p[s] * value_row(s - s0, j);
       for (int64_t j = 0; j < n_v; ++j) store(out + 16 * j, acc[j]);
     }
   }

@@ -1,7 +1,7 @@
 // What the CPU kernels (cpu_products.cc, cpu_attention.cc, cpu_logsumexp.cc) share: 16 float lanes (one AVX-512
 // register, or two AVX2 ones, by GCC/Clang vector extensions), bf16 widened exactly as it is read, one fixed
-// lane-sum tree (a sum's order never depends on the caller), exp of non-positive floats, and a parallel loop
-// over XLA's intra-op thread pool.
+// lane-sum tree (a sum's order never depends on the caller; one vector's or 16 at once), exp of non-positive
+// floats, and a parallel loop over XLA's intra-op thread pool.
 #pragma once
 
 #include <atomic>
@@ -57,31 +57,47 @@ inline float sum(v16 v) {  // a fixed tree: 16 -> 8 -> 4 lanes, then (0 + 2) + (
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-// `sum` of 16 vectors at once, by the same tree: out[4 g + j] = sum(a[4 j + g]). Each level's shuffles put the
-// lanes `sum` adds side by side, so one add serves 2-8 vectors (45 shuffles and adds for 16 sums, against ~8 a sum).
-inline v16 sums16(const v16 (&a)[16]) {
-  v16 t[8], u[4], v[2];
-  for (int j = 0; j < 8; ++j)  // lanes i + (i + 8)
-    t[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-           __builtin_shufflevector(a[2 * j], a[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  for (int k = 0; k < 4; ++k)  // then i + (i + 4)
-    u[k] = __builtin_shufflevector(t[2 * k], t[2 * k + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-           __builtin_shufflevector(t[2 * k], t[2 * k + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  for (int l = 0; l < 2; ++l)  // then 0 + 2 and 1 + 3 of each 4
-    v[l] = __builtin_shufflevector(u[2 * l], u[2 * l + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
-           __builtin_shufflevector(u[2 * l], u[2 * l + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-  return __builtin_shufflevector(v[0], v[1], 0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30) +
-         __builtin_shufflevector(v[0], v[1], 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31);
+// 16 vectors -> the 16 sums of their lanes in one vector, each by `sum`'s tree (lanes j + j+8, then j + j+4,
+// then (0 + 2) + (1 + 3)): a sum is the same taken alone or 16 at once (an attention score whichever path or block
+// position computed it, a tied head's y whatever the row count). Each level's shuffles put the lanes `sum` adds side
+// by side, so one add serves 2-8 vectors: 45 shuffles and adds for 16 sums, against ~8 a sum.
+inline v16 sums16(const v16* a) {
+#if defined(__clang__) || __GNUC__ >= 12
+  v16 h[8], q[4], e[2];
+  for (int i = 0; i < 8; ++i)  // lanes 0-7: a[2i] (j + j+8), lanes 8-15: a[2i+1]
+    h[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22,
+                                   23) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
+                                   31);
+  for (int i = 0; i < 4; ++i)  // 4 lanes per vector: j + j+4
+    q[i] = __builtin_shufflevector(h[2 * i], h[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(h[2 * i], h[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  for (int i = 0; i < 2; ++i)  // 2 lanes per vector: 0 + 2, 1 + 3
+    e[i] = __builtin_shufflevector(q[2 * i], q[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           __builtin_shufflevector(q[2 * i], q[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  return __builtin_shufflevector(e[0], e[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(e[0], e[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#else
+  v16 out;
+  for (int i = 0; i < 16; ++i) out[i] = sum(a[i]);
+  return out;
+#endif
 }
 
-// sum(acc[i]) for i < count into s[i], 16 at a time by `sums16` (the same bits as `sum` one by one)
+// sum(acc[i]) for i < kCount into s[i]: from 8 vectors on 16 at a time by `sums16` (the same bits as `sum` one by
+// one; SmolLM2's tied head at 8 rows of x took 0.95x the time in float32, 0.87x in bf16, 1-4 rows the same;
+// alternated, 2026-12-06, docs/experiments/verify-arithmetic-2026-12-06)
 template <int kCount>
 inline void sums(const v16* acc, float* s) {
+  if constexpr (kCount < 8) {
+    for (int i = 0; i < kCount; ++i) s[i] = sum(acc[i]);
+    return;
+  }
   for (int i0 = 0; i0 < kCount; i0 += 16) {
     v16 a[16] = {};
     for (int i = i0; i < i0 + 16 && i < kCount; ++i) a[i - i0] = acc[i];
     const v16 out = sums16(a);
-    for (int i = i0; i < i0 + 16 && i < kCount; ++i) s[i] = out[4 * ((i - i0) % 4) + (i - i0) / 4];
+    for (int i = i0; i < i0 + 16 && i < kCount; ++i) s[i] = out[i - i0];
   }
 }
 

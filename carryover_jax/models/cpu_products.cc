@@ -72,8 +72,6 @@ constexpr int kPrefetch = 8;
 // rows of x took 3.9 / 4.6 / 5.2 ms, against 5.0 / 6.0 / 7.3 one row of e at a time without it, and XLA's dot
 // 4.2 / 6.7 / 8.3 (float32, 2 threads, alternated in one process, 2026-12-05)
 constexpr int kRowsAhead = 4;
-// accumulators of a block of rows of e from which their sums go 16 at a time (`sums16`)
-constexpr int kTreeRows = 8;
 // the tiled path (more than kMaxF32Rows rows): 4 x 6 vectors of accumulators, 96 rows of w a panel (4 x 6 over 96
 // took 0.63-0.97x the time of 6 x 4, 8 x 3, 3 x 8 or 2 x 12 tiles and of 48- to 192-row panels at 64 rows; prefetching
 // the next panel to L2 0.87-0.92x against none: SmolLM2's 30 layers' Dense shapes, 2 threads, 2026-12-05,
@@ -157,12 +155,7 @@ void rows_block(const float* x, const W* e, float* y, int64_t K, int64_t N, int6
     }
   }
   float total[R][M];
-  if constexpr (R * M >= kTreeRows) {
-    sums<R * M>(&acc[0][0], &total[0][0]);
-  } else {
-    for (int r = 0; r < R; ++r)
-      for (int m = 0; m < M; ++m) total[r][m] = sum(acc[r][m]);
-  }
+  sums<R * M>(&acc[0][0], &total[0][0]);
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) {
       float s = total[r][m];
@@ -353,12 +346,7 @@ void rows_block_pairs(const uint16_t* x, const uint16_t* e, float* y, int64_t K,
     }
   }
   float total[R][M];
-  if constexpr (R * M >= kTreeRows) {
-    sums<R * M>(&acc[0][0], &total[0][0]);
-  } else {
-    for (int r = 0; r < R; ++r)
-      for (int m = 0; m < M; ++m) total[r][m] = sum(acc[r][m]);
-  }
+  sums<R * M>(&acc[0][0], &total[0][0]);
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) {
       float s = total[r][m];

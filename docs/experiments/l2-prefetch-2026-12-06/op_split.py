@@ -5,20 +5,14 @@ profiler's own cost rides on every op), the 25 ops whose time grows most at P + 
     python op_split.py P [DTYPE]"""
 import collections, functools, os, re, sys, tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "verify-rows-2026-12-05"))
-import jax, jax.numpy as jnp
+import jax
 from carryover_jax.bench.opprofile import _events, _OP
-from carryover_jax.decode.sampling import argmax
-from carryover_jax.models.target import TargetLM
-from batch1 import ar_body, looped, prefilled, setup
+from batch1 import ar_body, looped, prefilled, setup, target_rows_body
 P = int(sys.argv[1]); dtype = sys.argv[2] if len(sys.argv) > 2 else None
 N, L = 32, 1024
 b = setup(P, dtype); bx = prefilled(b, L)
 cache, tok, toks = bx["cache"], bx["tok"], bx["toks"]
-def t4_body(a, c):
-    cache, tok = c
-    chunk = jnp.concatenate([tok[:, None], toks], axis=1)
-    lg, cache, _ = TargetLM(b.tcfg).apply({"params": a}, chunk, cache=cache.with_lengths(b.lens + 0))
-    return cache, argmax(lg).astype(jnp.int32)[:, -1]
+t4_body = target_rows_body(b, toks)
 calls = {"ar": functools.partial(looped(ar_body(b), N), b.tp, (cache, tok)),
          "t4": functools.partial(looped(t4_body, N), b.tp, (cache, tok))}
 per = {}

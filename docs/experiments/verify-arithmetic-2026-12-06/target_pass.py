@@ -6,13 +6,11 @@ batch-1 AR step, each in a compiled 32-step loop, timed in rotated rounds with a
     python target_pass.py P ROUNDS"""
 import functools, os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "verify-rows-2026-12-05"))
-import jax, jax.numpy as jnp, numpy as np
+import jax, numpy as np
 from carryover_jax.bench.steps import rotated_seconds
 from carryover_jax.decode import speculative as sp
-from carryover_jax.decode.sampling import argmax
 from carryover_jax.eval.paired import speed_ratio
-from carryover_jax.models.target import TargetLM
-from batch1 import ar_body, looped, prefilled, setup
+from batch1 import ar_body, looped, prefilled, setup, target_rows_body
 
 P, R = int(sys.argv[1]), int(sys.argv[2])
 N, L = 32, 1024
@@ -20,20 +18,9 @@ b = setup(P); bx = prefilled(b, L)
 cache, tok, toks, q, s = bx["cache"], bx["tok"], bx["toks"], bx["q"], bx["s"]
 
 
-def target_body(taps):
-    def body(a, c):
-        cache, tok = c
-        chunk = jnp.concatenate([tok[:, None], toks], axis=1)
-        lg, cache, t = TargetLM(b.tcfg).apply({"params": a}, chunk, cache=cache.with_lengths(b.lens + 0),
-                                              tap_layers=b.dcfg.target_layer_ids if taps else None)
-        out = argmax(lg).astype(jnp.int32)[:, -1]
-        return cache, out + (jnp.concatenate(t, -1).sum().astype(jnp.int32) * 0 if taps else 0)
-    return body
-
-
 calls = {"ar": functools.partial(looped(ar_body(b), N), b.tp, (cache, tok)),
-         "t4": functools.partial(looped(target_body(False), N), b.tp, (cache, tok)),
-         "t4taps": functools.partial(looped(target_body(True), N), b.tp, (cache, tok)),
+         "t4": functools.partial(looped(target_rows_body(b, toks), N), b.tp, (cache, tok)),
+         "t4taps": functools.partial(looped(target_rows_body(b, toks, taps=True), N), b.tp, (cache, tok)),
          "verify": functools.partial(looped(lambda a, s: sp.verify_step(b.sc, a[0], a[1], b.reset(s), toks, q), N),
                                      (b.tp, b.dp), s)}
 calls["ar again"] = calls["ar"]

@@ -60,3 +60,21 @@ def ar_body(b):
 def looped(body, steps: int = 32):
     """`steps` calls of body(args, carry) in one compiled `fori_loop`, as the decode loops run them."""
     return jax.jit(lambda args, carry: jax.lax.fori_loop(0, steps, lambda _, c: body(args, c), carry))
+
+
+def target_rows_body(b, toks, taps: bool = False):
+    """The target's pass over P + 1 verify rows (the anchor, then `toks`) as a loop body over (cache, token), the
+    cache reset to the prompt each time; `taps`: with the drafter's tapped layers (their sum folded into the token
+    so nothing is dropped)."""
+    from carryover_jax.decode.sampling import argmax
+    from carryover_jax.models.target import TargetLM
+
+    def body(params, c):
+        cache, tok = c
+        chunk = jnp.concatenate([tok[:, None], toks], axis=1)
+        lg, cache, t = TargetLM(b.tcfg).apply({"params": params}, chunk, cache=cache.with_lengths(b.lens + 0),
+                                              tap_layers=b.dcfg.target_layer_ids if taps else ())
+        out = argmax(lg).astype(jnp.int32)[:, -1]
+        return cache, out + (jnp.concatenate(t, -1).sum().astype(jnp.int32) * 0 if taps else 0)
+
+    return body
