@@ -3,18 +3,15 @@ a compiled 32-step loop (SmolLM2, 1,024-slot cache, 100-token prompt), ms per st
 profiler's own cost rides on every op), the 25 ops whose time grows most at P + 1 rows.
 
     python op_split.py P [DTYPE]"""
-import collections, functools, os, re, sys, tempfile
+import collections, os, re, sys, tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "verify-rows-2026-12-05"))
 import jax
 from carryover_jax.bench.opprofile import _events, _OP
-from batch1 import ar_body, looped, prefilled, setup, target_rows_body
+from batch1 import ar_and_rows_calls, prefilled, setup
 P = int(sys.argv[1]); dtype = sys.argv[2] if len(sys.argv) > 2 else None
 N, L = 32, 1024
 b = setup(P, dtype); bx = prefilled(b, L)
-cache, tok, toks = bx["cache"], bx["tok"], bx["toks"]
-t4_body = target_rows_body(b, toks)
-calls = {"ar": functools.partial(looped(ar_body(b), N), b.tp, (cache, tok)),
-         "t4": functools.partial(looped(t4_body, N), b.tp, (cache, tok))}
+calls = ar_and_rows_calls(b, bx, N)
 per = {}
 for k, f in calls.items():
     jax.block_until_ready(f()); jax.block_until_ready(f())

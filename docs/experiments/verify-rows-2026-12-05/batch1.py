@@ -78,3 +78,13 @@ def target_rows_body(b, toks, taps: bool = False):
         return cache, out + (jnp.concatenate(t, -1).sum().astype(jnp.int32) * 0 if taps else 0)
 
     return body
+
+
+def ar_and_rows_calls(b, bx: dict, steps: int = 32) -> dict:
+    """{"ar": a batch-1 AR step, "t4": the target's pass over the P + 1 verify rows}, each `steps` of them in one
+    compiled loop, as argument-free calls (`bx` from `prefilled`)."""
+    import functools
+
+    carry = (bx["cache"], bx["tok"])
+    return {"ar": functools.partial(looped(ar_body(b), steps), b.tp, carry),
+            "t4": functools.partial(looped(target_rows_body(b, bx["toks"]), steps), b.tp, carry)}

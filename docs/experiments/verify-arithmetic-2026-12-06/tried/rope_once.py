@@ -9,16 +9,13 @@ import jax, jax.numpy as jnp, numpy as np
 from carryover_jax.bench.steps import rotated_seconds
 from carryover_jax.eval.paired import speed_ratio
 from carryover_jax.models import layers
-from batch1 import ar_body, looped, prefilled, setup, target_rows_body
+from batch1 import ar_and_rows_calls, ar_body, looped, prefilled, setup, target_rows_body
 P = int(sys.argv[1]); R = int(sys.argv[2]); dtype = sys.argv[3] if len(sys.argv) > 3 else None
 N, L = 32, 1024
 b = setup(P, dtype); bx = prefilled(b, L)
 cache, tok, toks = bx["cache"], bx["tok"], bx["toks"]
-t4_body = target_rows_body(b, toks)
-calls = {"ar": functools.partial(looped(ar_body(b), N), b.tp, (cache, tok)),
-         "t4": functools.partial(looped(t4_body, N), b.tp, (cache, tok))}
+calls = ar_and_rows_calls(b, bx, N)
 for f in calls.values(): jax.block_until_ready(f())
-orig = layers.apply_rope
 memo = {}
 def once(x, positions, inv):
     key = (id(positions), inv.tobytes())
@@ -35,7 +32,7 @@ layers.apply_rope = once
 def ar_body2(a, c):
     memo.clear(); return ar_body(b)(a, c)
 def t4_body2(a, c):
-    memo.clear(); return t4_body(a, c)
+    memo.clear(); return target_rows_body(b, toks)(a, c)
 calls["ar once"] = functools.partial(looped(ar_body2, N), b.tp, (cache, tok))
 calls["t4 once"] = functools.partial(looped(t4_body2, N), b.tp, (cache, tok))
 outs = {k: np.asarray(jax.block_until_ready(f())[1]) for k, f in calls.items()}
