@@ -48,7 +48,6 @@ import numpy as np
 from tqdm import tqdm
 
 from carryover_jax.bench import decode as bench_decode
-from carryover_jax.bench.decode import ratio_text
 from carryover_jax.bench import flops as F
 from carryover_jax.bench.probe import _twice
 from carryover_jax.bench.steps import _best_ms, _device
@@ -334,9 +333,9 @@ def format_table(r: dict[str, Any]) -> str:
     for x in r["rows"]:
         frac = f"{x['fraction']:.2f}"
         if "measured_ratio" in x:
-            meas = (f"{ratio_text([x['measured_ratio'], *x['measured_ratio_ci']])} AR steps ({_t(x['verify_s'])} / "
-                    f"{_t(x['ar_s'])} medians; A/A {ratio_text(x['aa_ratio'])}; {x['dispatched_ratio']:.2f} "
-                    "dispatched one by one)")
+            ratio, aa = bench_decode.ratio_text([x["measured_ratio"], *x["measured_ratio_ci"]]), x["aa_ratio"]
+            meas = (f"{ratio} AR steps ({_t(x['verify_s'])} / {_t(x['ar_s'])} medians; A/A "
+                    f"{bench_decode.ratio_text(aa)}; {x['dispatched_ratio']:.2f} dispatched one by one)")
             bnd = f"{x['bound_ratio']:.2f} AR steps"
             frac += f" (verify alone {x['verify_fraction']:.2f})"
         else:

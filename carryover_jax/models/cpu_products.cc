@@ -85,8 +85,8 @@ constexpr int64_t kGroupRows = 64;
 // 8 vectors of w exceed the 32 vector registers, and hoisted out of the loop (as the compiler does) they are spilled
 // as whole vectors, 64 bytes a reload; behind an opaque pointer they stay 4-byte broadcasts folded into the
 // multiply-adds. SmolLM2's 30 layers' products with the weights in L3 (the arithmetic's own rate) took 0.86-0.93x
-// the time at 6-8 float32 rows, 0.96x at 5, the same at 4 and 1.08x at 3 (so from 5 rows on); from memory 0.88-0.99x
-// at 8 rows as the stream's rate varies (2 threads, AMD EPYC Zen 4, alternated, 2026-12-06,
+// the time at 6-8 float32 rows, 0.96x at 5, the same at 4 and 1.08x at 3 (so from 5 rows on; A/A 0.95-1.01); from
+// memory it shows only where the weight stream is fast (2 threads, AMD EPYC Zen 4, alternated, 2026-12-06,
 // docs/experiments/verify-arithmetic-2026-12-06)
 template <int M, typename T>
 inline const T* opaque(const T* p) {
