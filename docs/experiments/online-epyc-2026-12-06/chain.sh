@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The default recipe's data and cycles rebuilt from an empty store, resumable: run it again after an interruption
+# and every stage goes on where it stopped (prepare skips the prompts its store holds; training resumes from its
+# newest checkpoint; a finished cycle is skipped). Usage: bash chain.sh CYCLES [RUN_DIR]   (from the repo root)
+set -euo pipefail
+cycles=${1:?usage: chain.sh CYCLES [RUN_DIR]}
+run=${2:-runs/e18k}
+common=(--config smollm2 --dtype bfloat16 --set "data.store=$run/data" --set data.max_prompts=18432
+        --set data.store_kv=None)
+echo "$(date -u +%FT%TZ) prepare"
+carryover prepare "${common[@]}"
+prev=""
+for c in $(seq 1 "$cycles"); do
+  out="$run/c${c}_3600"
+  if [ -d "$out/drafter" ]; then prev="$out/drafter"; continue; fi
+  echo "$(date -u +%FT%TZ) cycle $c"
+  if [ -z "$prev" ]; then
+    carryover train "${common[@]}" --set steps=3600 --set lr=1e-3 --set "out_dir=$out"
+  else
+    carryover train "${common[@]}" --set "init_from=$prev" --set steps=3600 --set lr=3e-4 --set "out_dir=$out"
+  fi
+  prev="$out/drafter"
+done
+echo "$(date -u +%FT%TZ) done"
