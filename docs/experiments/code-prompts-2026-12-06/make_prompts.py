@@ -52,11 +52,12 @@ def stubs(root: Path):
 
 def main(out: str, n: int | None = None) -> None:
     roots = [Path(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib")]
-    seen, rows = set(), []
+    seen, ids, rows = set(), set(), []
     for fid, stub in (s for root in roots for s in stubs(root)):
-        if stub in seen:
+        if stub in seen or fid in ids:  # a module may define a name twice: the first definition is kept
             continue
         seen.add(stub)
+        ids.add(fid)
         rows.append((hashlib.sha1(fid.encode()).hexdigest(), fid, stub))
     rows.sort()
     rows = rows[:n] if n else rows
