@@ -720,6 +720,20 @@ def test_a_folder_another_process_writes_is_refused_and_freed_when_it_dies(env, 
         pass
 
 
+def test_a_bad_line_deep_in_a_prompt_file_fails_prepare_before_any_generation(env, capsys):
+    """Prepare reads its plan lazily, batch by batch; a duplicate id or broken line far into a prompt file used to
+    fail the command only when generation reached it (minutes to hours in). The file is now read through first."""
+    src = env.tmp / "deep.jsonl"
+    src.write_text("".join(json.dumps({"id": f"c{i}", "prompt": words(4 + i % 5)}) + "\n" for i in range(40))
+                   + json.dumps({"id": "c3", "prompt": "again"}) + "\n")
+    store = env.tmp / "deep-store"
+    rc, err = _run_cli(["prepare", "--config", "tiny", "--quiet", "--set", f"target={env.target}", "--set",
+                        f"data.store={store}", "--set", f"data.source={src}", "--set", "data.gen_batch_size=2",
+                        "--set", "data.heldout_per_mille=0"], capsys)
+    assert rc == 2 and re.search(r"deep\.jsonl:41: duplicate id 'c3'", err), err
+    assert not store.exists()  # nothing generated, no store created
+
+
 def test_paths_with_dotdot_are_resolved_at_the_boundary(env, capsys, monkeypatch):
     """A valid input that used to fail: a `..` in a store path reached tensorstore ("Invalid file path").
     Every path a user gives is made absolute once (CLI options, loaded configs), so `prepare` with a
