@@ -16,10 +16,18 @@ if [ ! -d "$run/c1code_3600/drafter" ]; then
   echo "$(date -u +%FT%TZ) arm c1code"
   carryover train "${common[@]}" --set data.extra_stores=runs/code/data --set "out_dir=$run/c1code_3600"
 fi
+# the code prompts the store's split held out (sha1 split, 20 per mille): an in-domain check beside HumanEval
+python -c "
+import json, sys
+from carryover_jax.train.sources import is_heldout
+for line in open('runs/code/prompts.jsonl'):
+    if is_heldout(json.loads(line)['id'], 20):
+        sys.stdout.write(line)" > runs/code/heldout.jsonl
 echo "$(date -u +%FT%TZ) offline eval"
 carryover eval --offline --dtype bfloat16 --drafter "c1=$run/c1_3600/drafter" \
-  --drafter "c1code=$run/c1code_3600/drafter" --datasets sharegpt humaneval mtbench --prompts-per-dataset 400 \
-  --max-new-tokens 64 --temperatures 0 --offline-batch 16 --rollouts runs/levers/rollouts --out "$run/eval_c1"
+  --drafter "c1code=$run/c1code_3600/drafter" --datasets sharegpt humaneval mtbench code=runs/code/heldout.jsonl \
+  --prompts-per-dataset 400 --max-new-tokens 64 --temperatures 0 --offline-batch 16 --rollouts runs/levers/rollouts \
+  --out "$run/eval_c1"
 python docs/experiments/tau-levers-2026-12-03/paired.py "c1=$run/eval_c1/results.json:c1" \
   "c1code=$run/eval_c1/results.json:c1code" | tee "$here/paired.txt"
 echo "$(date -u +%FT%TZ) done"
