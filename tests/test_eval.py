@@ -82,6 +82,32 @@ def test_tau_speedup_and_ci_on_a_synthetic_log():
     assert s["check"]["sequences"] == 6 and s["check"]["mismatches"] == ["carry/a/p2"]
 
 
+def test_speedup_with_the_prefill_left_out():
+    """`speedup_decode` on hand-made records: each call's prefill comes off its time before the per-token ratio;
+    a log without `prefill_s` (stored before calls kept it) gives None and no table in the report."""
+    from carryover_jax.eval.report import render_markdown
+
+    ar = [dict(_rec("ar", "a", "p1", 0.0, 0, 10, 1.0), prefill_s=0.2),
+          dict(_rec("ar", "a", "p2", 0.0, 0, 30, 2.0), prefill_s=0.4)]
+    spec = [dict(_rec("carry", "a", "p1", 0.0, 0, 10, 0.6, [4, 4], True), prefill_s=0.25),
+            dict(_rec("carry", "a", "p2", 0.0, 0, 30, 1.2, [4] * 6, True), prefill_s=0.45)]
+    assert M.speedup_decode(ar, spec) == pytest.approx((0.8 + 1.6) / (0.35 + 0.75))
+    assert M.speedup(ar, spec) == pytest.approx(3.0 / 1.8)  # the end-to-end ratio keeps the prefill
+    assert M.prefill_share(ar) == pytest.approx(0.6 / 3.0)
+    drafters = DRAFTERS[1:]
+    cell = M.summarize(ar + spec, drafters)["temperatures"]["0"]["datasets"]["all"]
+    assert cell["carry"]["speedup_decode"] == pytest.approx((0.8 + 1.6) / (0.35 + 0.75))
+    assert cell["ar"]["prefill_share"] == pytest.approx(0.2)
+    result = {"log": ar + spec, "drafters": drafters, "summary": M.summarize(ar + spec, drafters)}
+    md = render_markdown(result)
+    assert "prompt prefill left out" in md and "2.18x" in md and "a (T = 0) 20%" in md
+    old = [{k: v for k, v in r.items() if k != "prefill_s"} for r in ar + spec]
+    assert M.speedup_decode(old[:2], old[2:]) is None and M.prefill_share(old[:2]) is None
+    old_summary = M.summarize(old, drafters)
+    assert old_summary["temperatures"]["0"]["datasets"]["a"]["carry"]["speedup_decode"] is None
+    assert "prefill left out" not in render_markdown({"log": old, "drafters": drafters, "summary": old_summary})
+
+
 def test_acceptance_profile_against_a_direct_count():
     """Slot rates counted round by round, and the unlimited-proposals bound as a long explicit series."""
     rng = np.random.default_rng(0)
@@ -287,6 +313,8 @@ def test_eval_end_to_end_on_tiny_models(tok_target, tmp_path, capsys):
     assert result["config"]["timing_repeats"] == 2
     assert all(len(r["time_s_repeats"]) == 2 and r["time_s"] == pytest.approx(np.median(r["time_s_repeats"]))
                for r in log)
+    assert all(len(r["prefill_s_repeats"]) == 2 and r["prefill_s"] == pytest.approx(np.median(r["prefill_s_repeats"]))
+               and 0 < p < t for r in log for p, t in zip(r["prefill_s_repeats"], r["time_s_repeats"]))
     assert all(r["matches_ar"] for r in log if r["mode"] != "ar")
     s = result["summary"]
     assert s["check"]["identical_to_ar"] == 20 and s["check"]["throughput_identical_to_ar"]
@@ -298,6 +326,8 @@ def test_eval_end_to_end_on_tiny_models(tok_target, tmp_path, capsys):
         assert c["rounds"] == rounds == sum(c["accept_histogram"]) > 0
         assert c["tau"] == pytest.approx(sum(a + 1 for r in recs for a in r["accepted"]) / rounds)
         assert c["speedup"] == pytest.approx(per_token([r for r in log if r["mode"] == "ar"]) / per_token(recs))
+        decode = lambda rs: sum(r["time_s"] - r["prefill_s"] for r in rs)  # noqa: E731
+        assert c["speedup_decode"] == pytest.approx(decode([r for r in log if r["mode"] == "ar"]) / decode(recs))
     pair = s["temperatures"]["0"]["paired"]["pairs"][0]["datasets"]["all"]
     assert pair["tau"]["prompts"] == 10 and pair["speedup"]["repeats"] == 2
     diag = result["diagnostics"]

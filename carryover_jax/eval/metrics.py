@@ -3,8 +3,8 @@
 A decode log is a list of records, one per (mode, temperature, seed, prompt) call at batch 1:
 
     {"mode": "ar" | drafter label, "dataset": str, "prompt": str, "temperature": float, "seed": int,
-     "new_tokens": int, "time_s": float, "rounds": int | None, "accepted": [a_1, a_2, ...] | None,
-     "matches_ar": bool | None}
+     "new_tokens": int, "time_s": float, "prefill_s": float (optional), "rounds": int | None,
+     "accepted": [a_1, a_2, ...] | None, "matches_ar": bool | None}
 
 Definitions (as in the Carryover Drafting paper, Table 1):
 - τ = mean of (a + 1) over all verification rounds, micro-averaged: Σ_rounds (a + 1) / #rounds over
@@ -12,6 +12,7 @@ Definitions (as in the Carryover Drafting paper, Table 1):
   only tokens kept (the last round may be cut by a stop token or max_new_tokens; the first token comes
   from the prefill).
 - speedup = AR time per output token / speculative time per output token, totals over the same prompts.
+  `speedup_decode` the same with every call's prompt prefill (`prefill_s`, when logged) left out of its time.
 - At T > 0 each seed is one full pass; the reported value is the mean over seeds with a two-sided
   Student-t confidence interval (half-width) over the per-seed values.
 - Paired comparisons (`paired.py`): every pair of arms on the same prompts, the difference and relative gain
@@ -62,6 +63,26 @@ def time_per_token(records: Iterable[dict]) -> float:
 
 def speedup(ar_records: Iterable[dict], spec_records: Iterable[dict]) -> float:
     return time_per_token(ar_records) / time_per_token(spec_records)
+
+
+def speedup_decode(ar_records: Iterable[dict], spec_records: Iterable[dict]) -> float | None:
+    """`speedup` with every call's prompt prefill (`prefill_s`) taken out of its time: what the decode loop
+    alone gains. Drafting cannot shorten the prefill, so a long prompt hides part of the end-to-end gain; None
+    for a log stored before calls recorded their prefill."""
+    ar, spec = list(ar_records), list(spec_records)
+    if not all("prefill_s" in r for r in ar + spec):
+        return None
+    decode = [sum(r["time_s"] - r["prefill_s"] for r in recs) / max(sum(r["new_tokens"] for r in recs), 1)
+              for recs in (ar, spec)]
+    return decode[0] / decode[1] if decode[1] > 0 else None
+
+
+def prefill_share(records: Iterable[dict]) -> float | None:
+    """The prompt prefill's share of the calls' total time (None without `prefill_s`)."""
+    records = list(records)
+    if not records or not all("prefill_s" in r for r in records):
+        return None
+    return sum(r["prefill_s"] for r in records) / max(sum(r["time_s"] for r in records), 1e-12)
 
 
 def accept_histogram(records: Iterable[dict], num_proposals: int) -> list[int]:
@@ -120,9 +141,10 @@ def summarize(log: list[dict], drafters: list[dict]) -> dict[str, Any]:
             if not ar_tps:
                 continue
             m, ci = mean_ci(ar_tps)
-            cell["ar"] = {"tokens_per_s": m, "tokens_per_s_ci": ci, "prompts": len(ar_by_seed[seeds[0]])}
+            cell["ar"] = {"tokens_per_s": m, "tokens_per_s_ci": ci, "prompts": len(ar_by_seed[seeds[0]]),
+                          "prefill_share": prefill_share(r for v in ar_by_seed.values() for r in v)}
             for d in drafters:
-                taus, taus_c, speeds, tps = [], [], [], []
+                taus, taus_c, speeds, tps, decode = [], [], [], [], []
                 for s in seeds:
                     recs = _select(log, mode=d["label"], temperature=T, seed=s, dataset=dsel)
                     if not recs:
@@ -132,15 +154,18 @@ def summarize(log: list[dict], drafters: list[dict]) -> dict[str, Any]:
                     tps.append(sum(r["new_tokens"] for r in recs) / max(sum(r["time_s"] for r in recs), 1e-12))
                     if ar_by_seed[s]:
                         speeds.append(speedup(ar_by_seed[s], recs))
+                        decode.append(speedup_decode(ar_by_seed[s], recs))
                 if not taus:
                     continue
                 t, t_ci = mean_ci(taus)
                 sp, sp_ci = mean_ci(speeds) if speeds else (None, None)
+                dc, dc_ci = mean_ci(decode) if decode and None not in decode else (None, None)
                 tp, tp_ci = mean_ci(tps)
                 recs = _select(log, mode=d["label"], temperature=T, dataset=dsel)
                 cell[d["label"]] = {
                     "tau": t, "tau_ci": t_ci, "tau_per_seed": taus, "tau_committed": mean_ci(taus_c)[0],
                     "speedup": sp, "speedup_ci": sp_ci, "speedup_per_seed": speeds,
+                    "speedup_decode": dc, "speedup_decode_ci": dc_ci,
                     "tokens_per_s": tp, "tokens_per_s_ci": tp_ci,
                     "rounds": sum(r["rounds"] for r in recs), "seeds": len(taus),
                     "accept_histogram": accept_histogram(recs, d["num_proposals"]),
@@ -156,6 +181,8 @@ def summarize(log: list[dict], drafters: list[dict]) -> dict[str, Any]:
                         g["datasets"][ds] = {
                             "tau_pct": rel_gain(x["tau"], y["tau"]),
                             "speedup_pct": rel_gain(x["speedup"], y["speedup"]) if x["speedup"] and y["speedup"] else None,
+                            "speedup_decode_pct": (rel_gain(x["speedup_decode"], y["speedup_decode"])
+                                                   if x["speedup_decode"] and y["speedup_decode"] else None),
                         }
                 gains.append(g)
         paired = paired_comparisons(log, labels, T, datasets)

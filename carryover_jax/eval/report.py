@@ -60,6 +60,20 @@ def _main_table(summary, drafters, metric: str, title: str, digits: int, suffix:
     return lines
 
 
+def _decode_table(summary, drafters) -> list[str]:
+    """The speedup with the prompt prefill left out, and the prefill's share of AR's time (logs that timed it)."""
+    cells = [c for tb in summary["temperatures"].values() for c in tb["datasets"].values()]
+    if not any(c.get(d["label"], {}).get("speedup_decode") for c in cells for d in drafters):
+        return []
+    lines = _main_table(summary, drafters, "speedup_decode", "Speedup over AR, prompt prefill left out (batch 1)",
+                        2, "x")
+    shares = [(ds, T, c["ar"]["prefill_share"]) for T, tb in summary["temperatures"].items()
+              for ds, c in tb["datasets"].items() if c.get("ar", {}).get("prefill_share") is not None]
+    return lines + ["", "The prompt's prefill is the same work with or without a drafter, so it dilutes the "
+                    "end-to-end speedup above; its share of AR's time: "
+                    + ", ".join(f"{ds} (T = {T}) {100 * x:.0f}%" for ds, T, x in shares) + ".", ""]
+
+
 def render_curve(curve: list[dict[str, Any]]) -> list[str]:
     """The rows of `curve.curve_rows` as a Markdown table (with the offline τ column when scored)."""
     off = any("tau_offline" in r for r in curve)
@@ -92,6 +106,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     L.append("")
     L += _main_table(summary, drafters, "speedup", "Speedup over AR (batch 1)", 2, "x")
     L.append("")
+    L += _decode_table(summary, drafters)
 
     L += render_paired(summary)
 

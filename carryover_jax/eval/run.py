@@ -154,19 +154,21 @@ class _Runner:
             self.seen.add(key)
 
     def __call__(self, mode, batch: list[list[int]], temperature: float, seed: int):
-        """-> (generations, wall time in s) of one call (the same seed gives the same tokens every time)."""
+        """-> (generations, (wall time, its prompt prefill) in s) of one call (the same seed gives the same
+        tokens every time)."""
         if mode == "ar":
             res = generate(self.target, batch, temperature=temperature, seed=seed, chat=False, **self.kw)
-            return res, res[0].stats["time_s"]
-        e, d = self.drafters[mode]
-        res, stats = speculative_generate(self.target, d, batch, carryover=e.carryover, carry=e.carry,
-                                          temperature=temperature, seed=seed, chat=False, **self.kw)
-        return res, stats["time_s"]
+            stats = res[0].stats
+        else:
+            e, d = self.drafters[mode]
+            res, stats = speculative_generate(self.target, d, batch, carryover=e.carryover, carry=e.carry,
+                                              temperature=temperature, seed=seed, chat=False, **self.kw)
+        return res, (stats["time_s"], stats["prefill_s"])
 
     def interleaved(self, modes: Sequence[str], batch: list[list[int]], temperature: float, seed: int,
-                    repeats: int) -> dict[str, tuple[list, list[float]]]:
+                    repeats: int) -> dict[str, tuple[list, list[tuple[float, float]]]]:
         """Every mode `repeats` times, alternated: repeat r times each mode once, the order rotated by r so
-        no mode always runs first. Returns {mode: (generations of its first call, its times)}."""
+        no mode always runs first. Returns {mode: (generations of its first call, its (time, prefill)s)}."""
         for m in modes:
             self.warm(m, batch, temperature, seed)
         out: dict[str, tuple[list, list[float]]] = {}
@@ -181,8 +183,12 @@ class _Runner:
         return out
 
 
-def _timing(times: list[float]) -> dict[str, Any]:
-    return {"time_s": statistics.median(times), "time_s_repeats": times}
+def _timing(times: list[tuple[float, float]]) -> dict[str, Any]:
+    """The median call time and prompt prefill, and every repeat's (the prefill lets a report say how much of
+    the time decoding alone took: `metrics.speedup_decode`)."""
+    total, prefill = [t for t, _ in times], [p for _, p in times]
+    return {"time_s": statistics.median(total), "time_s_repeats": total,
+            "prefill_s": statistics.median(prefill), "prefill_s_repeats": prefill}
 
 
 def run_eval(target, drafters, items: Sequence[Item], *, max_new_tokens: int = 128,
@@ -236,7 +242,7 @@ def run_eval(target, drafters, items: Sequence[Item], *, max_new_tokens: int = 1
             same = True
             for m in ["ar", *labels]:
                 res, times = calls[m]
-                row[m] = sum(len(r.token_ids) for r in res) / max(statistics.median(times), 1e-12)
+                row[m] = sum(len(r.token_ids) for r in res) / max(statistics.median(t for t, _ in times), 1e-12)
                 same &= [r.token_ids for r in res] == ref
             row["identical_to_ar"] = same
             throughput.append(row)
