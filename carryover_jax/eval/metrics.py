@@ -67,8 +67,9 @@ def speedup(ar_records: Iterable[dict], spec_records: Iterable[dict]) -> float:
 
 def speedup_decode(ar_records: Iterable[dict], spec_records: Iterable[dict]) -> float | None:
     """`speedup` with every call's prompt prefill (`prefill_s`) taken out of its time: what the decode loop
-    alone gains. Drafting cannot shorten the prefill, so a long prompt hides part of the end-to-end gain; None
-    for a log stored before calls recorded their prefill."""
+    alone gains. Drafting cannot shorten the prefill, so a long prompt hides part of the end-to-end gain (the
+    speculative call's prefill also holds the drafter's first pass, left out with it); None for a log stored
+    before calls recorded their prefill."""
     ar, spec = list(ar_records), list(spec_records)
     if not all("prefill_s" in r for r in ar + spec):
         return None

@@ -171,7 +171,7 @@ class _Runner:
         no mode always runs first. Returns {mode: (generations of its first call, its (time, prefill)s)}."""
         for m in modes:
             self.warm(m, batch, temperature, seed)
-        out: dict[str, tuple[list, list[float]]] = {}
+        out: dict[str, tuple[list, list[tuple[float, float]]]] = {}
         for r in range(repeats):
             k = r % len(modes)
             for m in list(modes[k:]) + list(modes[:k]):
