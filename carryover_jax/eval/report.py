@@ -69,8 +69,8 @@ def _decode_table(summary, drafters) -> list[str]:
                         2, "x")
     shares = [(ds, T, c["ar"]["prefill_share"]) for T, tb in summary["temperatures"].items()
               for ds, c in tb["datasets"].items() if c.get("ar", {}).get("prefill_share") is not None]
-    return lines + ["", "The prompt's prefill is the same work with or without a drafter, so it dilutes the "
-                    "end-to-end speedup above; its share of AR's time: "
+    return lines + ["", "A drafter cannot shorten the prompt's prefill, so the prefill dilutes the end-to-end "
+                    "speedup above; its share of AR's time: "
                     + ", ".join(f"{ds} (T = {T}) {100 * x:.0f}%" for ds, T, x in shares) + ".", ""]
 
 
