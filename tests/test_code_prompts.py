@@ -101,12 +101,8 @@ def test_stubs_of_a_module_tree(tmp_path):
 def test_the_source_through_conversations(tmp_path, monkeypatch):
     a, b = _tree(tmp_path)
     monkeypatch.setattr(C, "default_roots", lambda: (a, b))
-    C.code_prompts.cache_clear()
-    try:
-        train = list(conversations(DataConfig(source="pycode", heldout_per_mille=0)))
-        held = list(conversations(DataConfig(source="pycode", split="heldout", heldout_per_mille=1000)))
-    finally:
-        C.code_prompts.cache_clear()
+    train = list(conversations(DataConfig(source="pycode", heldout_per_mille=0)))
+    held = list(conversations(DataConfig(source="pycode", split="heldout", heldout_per_mille=1000)))
     assert [c.id for c in train] == [c.id for c in held] == [cid for cid, _ in C.code_prompts((a, b))]
     first = train[0]
     assert first.prompt == [{"role": "user", "content": dict(C.code_prompts((a, b)))[first.id]}]

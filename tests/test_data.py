@@ -387,18 +387,14 @@ def test_prepare_responses_from_the_code_source(chat_target, tmp_path, monkeypat
     (root / "geo.py").write_text('def area(w, h):\n    """Return the area of a w x h rectangle, in square units."""\n'
                                  'def perimeter(w, h):\n    """Return the perimeter of a w x h rectangle."""\n')
     monkeypatch.setattr(code_prompts, "default_roots", lambda: (root,))
-    code_prompts.code_prompts.cache_clear()
     target, _ = chat_target
     cfg = DataConfig(source="pycode", store=str(tmp_path / "code"), heldout_per_mille=0, max_prompt_tokens=96,
                      max_new_tokens=12, gen_batch_size=2, min_loss_tokens=2)
-    try:
-        for bad in (dict(responses="source"), dict(prompt_turns="later")):
-            with pytest.raises(CarryoverError, match="data.source=pycode holds one-turn prompts"):
-                prepare_responses(dataclasses.replace(cfg, **bad), target, progress=False)
-        store = prepare_responses(cfg, target, progress=False)
-        prompts = dict(code_prompts.code_prompts())
-    finally:
-        code_prompts.code_prompts.cache_clear()
+    for bad in (dict(responses="source"), dict(prompt_turns="later")):
+        with pytest.raises(CarryoverError, match="data.source=pycode holds one-turn prompts"):
+            prepare_responses(dataclasses.replace(cfg, **bad), target, progress=False)
+    store = prepare_responses(cfg, target, progress=False)
+    prompts = dict(code_prompts.code_prompts())
     assert sorted(store.ids()) == ["code:geo.area", "code:geo.perimeter"]
     for i, cid in enumerate(store.ids()):
         ids, mask = store[i]["input_ids"].tolist(), store[i]["loss_mask"]

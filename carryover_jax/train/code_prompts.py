@@ -65,14 +65,19 @@ def module_stubs(root: Path) -> Iterator[tuple[str, str]]:
                 yield ".".join(rel.with_suffix("").parts) + "." + node.name, stub
 
 
-@functools.lru_cache(maxsize=4)
 def code_prompts(roots: Sequence[Path] | None = None) -> tuple[tuple[str, str], ...]:
     """(id "code:module.function", user prompt) of every stub under `roots` (default: `default_roots()`), in sha1
     order of the ids. A stub seen before (the same text under another name) or a name seen before (a module that
-    defines a function twice) is dropped: the first one in root and path order is kept."""
+    defines a function twice) is dropped: the first one in root and path order is kept. Read once per process
+    for the same roots (a prepare reads its source more than once; the scan takes ~1 min)."""
+    return _prompts(tuple(Path(r) for r in (default_roots() if roots is None else roots)))
+
+
+@functools.lru_cache(maxsize=4)
+def _prompts(roots: tuple[Path, ...]) -> tuple[tuple[str, str], ...]:
     texts, ids, rows = set(), set(), []
-    for root in default_roots() if roots is None else roots:
-        for fid, stub in module_stubs(Path(root)):
+    for root in roots:
+        for fid, stub in module_stubs(root):
             if stub in texts or fid in ids:
                 continue
             texts.add(stub)

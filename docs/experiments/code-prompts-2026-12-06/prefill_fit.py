@@ -3,7 +3,8 @@ Rebuilds the run's prompts (its own settings, the eval's `load_items`) for their
 prompt (median of its repeats) as a + b * prompt tokens + c * new tokens by least squares, and takes a + b * prompt
 tokens as the prompt's prefill estimate, the same work for AR and the drafter. Then per dataset: the speedup as the
 eval reports it (AR's total time over the arm's) and the same with the estimated prefill taken out of both, and
-τ ÷ each, the AR steps a round costs. A model fitted on AR alone, not a measurement of the prefill."""
+τ ÷ each, the AR steps a round costs. A model fitted on AR alone, not a measurement of the prefill: evals run since
+(cycle 2 on) log each call's `prefill_s`, and their report's "prompt prefill left out" table measures it."""
 import json
 import sys
 
