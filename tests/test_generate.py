@@ -76,6 +76,48 @@ def test_sampler_frequencies_follow_the_distribution():
     np.testing.assert_allclose(p, [1, 0, 0, 0])
 
 
+def _sorted_keep(x: np.ndarray, k: int, top_p: float) -> np.ndarray:
+    """What top-k / top-p keep by sorting each row, in float64 numpy: the reference for `process_logits`."""
+    keep = np.isfinite(x)
+    for r, row in enumerate(x.astype(np.float64)):
+        if k and k < row.size:
+            keep[r] &= row >= np.sort(row)[::-1][k - 1]
+        if top_p < 1.0:
+            z = np.where(keep[r], row, -np.inf)
+            p = np.exp(z - z.max())
+            p /= p.sum()
+            order = np.argsort(-z, kind="stable")
+            before = np.cumsum(p[order]) - p[order]  # the mass of the values ranked above each
+            keep[r] &= z >= z[order][before < top_p].min()
+    return keep
+
+
+def test_top_k_and_top_p_keep_what_a_sort_keeps():
+    """`process_logits` finds its cuts by bisection over the values (no sort over the vocabulary); it keeps
+    what sorting keeps: top-k the values >= the k-th largest, top-p the largest values until their mass reaches
+    top_p (the first always), ties at a cut kept whole, on rows with masked (-inf) entries and k past the
+    vocabulary, after a temperature, and inside jit."""
+    from carryover_jax.decode.sampling import process_logits
+
+    rng = np.random.default_rng(0)
+    cut = jax.jit(process_logits, static_argnums=(2, 3))
+    for trial in range(60):
+        v = int(rng.integers(2, 400))
+        x = (rng.normal(size=(3, v)) * rng.uniform(0.1, 8)).astype(np.float32)
+        if trial % 3 == 0:
+            x = np.round(x)  # ties
+        if trial % 4 == 0:
+            x[:, : v // 3] = -np.inf
+        t = rng.uniform(0.3, 2.0, 3).astype(np.float32)
+        k, top_p = int(rng.integers(1, v + 3)), float(rng.uniform(0.05, 0.99))
+        for kk, pp in ((k, 1.0), (0, top_p), (k, top_p)):
+            got = np.isfinite(np.asarray(cut(jnp.asarray(x), jnp.asarray(t), kk, pp)))
+            np.testing.assert_array_equal(got, _sorted_keep(x / t[:, None], kk, pp), err_msg=f"{trial} {kk} {pp}")
+    x = jnp.asarray([[2.0, 1.0, 1.0, 0.0, -jnp.inf]])  # masses ~0.53, 0.20, 0.20, 0.07, 0
+    for k, top_p, kept in ((2, 1.0, 3), (1, 1.0, 1), (9, 1.0, 4), (0, 0.6, 3), (0, 0.5, 1), (0, 0.99, 4)):
+        assert int(np.isfinite(np.asarray(process_logits(x, jnp.ones(1), k, top_p))).sum()) == kept, (k, top_p)
+
+
 def test_prompt_longer_than_cache_is_one_clear_error(tiny_llama):
     target = load_target(tiny_llama.path, tokenizer=False)
     with pytest.raises(CarryoverError, match="needs .* cache slots"):

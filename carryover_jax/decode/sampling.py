@@ -16,19 +16,52 @@ Array = jax.Array
 _MASKED = -jnp.inf
 
 
+def _keys(x: Array) -> Array:
+    """float32 -> uint32 keys in the floats' order (-inf lowest; -0.0 one below +0.0)."""
+    b = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return jnp.where(b >> 31 == 1, ~b, b | jnp.uint32(1 << 31))
+
+
+def _from_key(k: Array) -> Array:
+    return jax.lax.bitcast_convert_type(jnp.where(k >> 31 == 1, k & jnp.uint32((1 << 31) - 1), ~k), jnp.float32)
+
+
+def _cutoff(x: Array, enough) -> Array:
+    """x [..., V] float32 -> [..., 1]: per row, the largest value c of x for which `enough(x >= c)` holds
+    (`enough`: a keep mask [..., V] -> [...] bool, monotone: a smaller kept set never has enough where a
+    larger one has not; it holds for the whole row).
+
+    A bisection over the values' ordered bit patterns, 32 passes of a compare and a sum over the vocabulary,
+    exact because `enough` changes only at values of x. It replaces a sort (or `lax.top_k`) over the
+    vocabulary, which XLA CPU runs as a comparator loop: at SmolLM2's [64, 49152] logits one sampling step took
+    0.5-0.6 s with top-k or top-p against 38 ms without either (2026-12-06), several times the model's step."""
+    keys = _keys(x)
+    lo, hi = jnp.min(keys, axis=-1), jnp.max(keys, axis=-1)  # enough(lo) holds: the whole row is kept
+
+    def halve(_, c):  # the answer stays in [lo, hi]; the upper middle, so that lo moves while hi > lo
+        lo, hi = c
+        d = hi - lo
+        mid = lo + d // 2 + (d & 1)
+        ok = enough(keys >= mid[..., None])
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid - 1)
+
+    lo, _ = jax.lax.fori_loop(0, 32, halve, (lo, hi))
+    return _from_key(lo)[..., None]
+
+
 def process_logits(logits: Array, temperature: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
-    """logits [..., V] -> tempered, filtered logits (masked entries -inf). temperature [...] > 0."""
+    """logits [..., V] -> tempered, filtered logits (masked entries -inf). temperature [...] > 0.
+
+    top-k keeps the values >= the k-th largest (ties at it included); top-p the smallest set of the largest
+    values whose mass reaches top_p (the first token always, ties at the cut included)."""
     t = jnp.maximum(temperature, 1e-6)[..., None]
     x = logits.astype(jnp.float32) / t
     if top_k and top_k < x.shape[-1]:
-        kth = jax.lax.top_k(x, top_k)[0][..., -1:]
+        kth = _cutoff(x, lambda keep: jnp.sum(keep, axis=-1, dtype=jnp.int32) >= top_k)
         x = jnp.where(x < kth, _MASKED, x)
     if top_p < 1.0:
-        srt = jnp.sort(x, axis=-1)[..., ::-1]
-        cum = jnp.cumsum(jax.nn.softmax(srt, axis=-1), axis=-1)
-        # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
-        keep = (cum - jax.nn.softmax(srt, axis=-1)) < top_p
-        cutoff = jnp.min(jnp.where(keep, srt, jnp.inf), axis=-1, keepdims=True)
+        p = jax.nn.softmax(x, axis=-1)
+        cutoff = _cutoff(x, lambda keep: jnp.sum(jnp.where(keep, p, 0.0), axis=-1) >= top_p)
         x = jnp.where(x < cutoff, _MASKED, x)
     return x
 
