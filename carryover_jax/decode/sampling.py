@@ -1,7 +1,7 @@
 """Logit processing and sampling, shared by AR decoding and speculative verification.
 
 Temperature is traced per row (0 means greedy for that row); top-k and top-p are static because
-they change the computation (a sort over the vocabulary), not just values. The same processing is
+they change the computation (a search for the cut over the vocabulary), not just values. The same processing is
 applied to draft and target distributions so rejection sampling stays lossless.
 """
 
