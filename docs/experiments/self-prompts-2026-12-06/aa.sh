@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The A/A of the A/B (after ab.sh, from the repo root): the control arm again with another seed (initialisation and
 # batch order), then all three arms scored in one run on the 534 eval-set rollouts and the 192 held-out self-written
-# prompts. Usage: bash docs/experiments/self-prompts-2026-12-06/aa.sh
+# prompts. Usage, with the venv active: bash docs/experiments/self-prompts-2026-12-06/aa.sh
 set -euo pipefail
-source .venv/bin/activate
 run=runs/selfab
 echo "$(date -u +%FT%TZ) train sharegpt2k_seed43"
 [ -d $run/sharegpt2k_seed43/drafter ] || carryover train --config smollm2 --dtype bfloat16 --set data.store_kv=None \

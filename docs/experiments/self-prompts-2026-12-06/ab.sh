@@ -4,7 +4,8 @@
 # worth of prompts. sharegpt2k: the first 2,000 ShareGPT prompts. mix: the first 1,000 of them (the same records) and
 # the first 1,000 self-written prompts. Scored on the same 534 held-out rollouts (ShareGPT, HumanEval, MT-Bench), then
 # on the last 192 self-written prompts (self-8001 to self-8192: no arm trained on them).
-# Usage, from the repo root: bash docs/experiments/self-prompts-2026-12-06/ab.sh [RUN_DIR]   (default runs/selfab)
+# Usage, from the repo root with the venv active:
+#   bash docs/experiments/self-prompts-2026-12-06/ab.sh [RUN_DIR]   (default runs/selfab)
 set -euo pipefail
 here=docs/experiments/self-prompts-2026-12-06
 run=${1:-runs/selfab}
