@@ -26,6 +26,9 @@ class Generation:
     text: str | None
     stop_reason: str  # "stop_token" | "length"
     stats: dict[str, Any]
+    # with `generate(features=...)`: per token of prompt_ids + token_ids, what a response store keeps beside it
+    # ("features", "last_hidden", "target_lse" [S, 1]: `autoregressive.Recorded`)
+    features: dict[str, np.ndarray] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -185,11 +188,14 @@ def generate(
     seed: int = 0,
     chat: bool = True,
     max_len: int | None = None,
+    features: Sequence[int] | None = None,
 ) -> list[Generation]:
     """Batched autoregressive generation with the target alone (the reference for speculative decoding).
 
     `prompts` are strings (chat-templated when the tokenizer has a template and `chat`) or token-id
     lists. Greedy when temperature is 0. Per-prompt `max_new_tokens`/`temperature` may be lists.
+    `features` (layer ids, as `data.feature_layer_ids`): each Generation also carries the target's features
+    of its whole sequence, taken from the passes that generated it (the same tokens; one step more).
     """
     cfg, params = target.cfg, target.params
     check_sampling(top_k=top_k, top_p=top_p, temperature=temperature, max_new_tokens=max_new_tokens, max_len=max_len)
@@ -202,19 +208,22 @@ def generate(
     tokens = jnp.asarray(pad_batch(ids, bucket))
     compiled_before = _compiled_count()
     t0 = time.perf_counter()
-    cache, first_logits = ar.prefill(cfg, params, tokens, jnp.asarray(lens, jnp.int32), max_len=cache_len)
+    record = tuple(features or ())
+    cache, first_logits, *prompt_rec = ar.prefill(cfg, params, tokens, jnp.asarray(lens, jnp.int32),
+                                                  max_len=cache_len, record=record)
     jax.block_until_ready(first_logits)
     t1 = time.perf_counter()
     state = ar.generate_loop(
         cfg, params, cache, first_logits, jax.random.key(seed), jnp.asarray(temps, jnp.float32),
         jnp.asarray(max_new, jnp.int32), _stop_array(stops), out_size=out_size, top_k=top_k, top_p=top_p,
+        record=record,
     )
-    out, num = jax.device_get((state.out, state.num_out))
+    out, num, recs = jax.device_get((state.out, state.num_out, (*prompt_rec, state.recorded) if record else None))
     t2 = time.perf_counter()
     total_new = int(np.sum(num))
     # Timings of a call that had to compile include XLA compile time; say so instead of hiding it.
     includes_compile = _compiled_count() != compiled_before
-    return [_generation(target, ids[i], out[i], num[i], stops, {
+    gens = [_generation(target, ids[i], out[i], num[i], stops, {
         "prefill_s": round(t1 - t0, 4),
         "decode_s": round(t2 - t1, 4),
         "time_s": round(t2 - t0, 4),
@@ -224,6 +233,12 @@ def generate(
         "batch": n,
         "includes_compile": includes_compile,
     }) for i in range(n)]
+    if record:
+        for i, g in enumerate(gens):  # the prompt's rows from the prefill, the reply's from the loop
+            g.features = {k: np.concatenate([getattr(recs[0], k)[i, :lens[i]], getattr(recs[1], k)[i, :num[i]]])
+                          for k in ("features", "last_hidden", "target_lse")}
+            g.features["target_lse"] = g.features["target_lse"][:, None]
+    return gens
 
 
 def speculative_generate(

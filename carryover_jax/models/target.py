@@ -244,8 +244,10 @@ class TargetLM(nn.Module):
         mask: Array | None = None,
         tap_layers: tuple[int, ...] = (),
         logit_indices: Array | None = None,
+        with_hidden: bool = False,
     ):
-        """tokens [B, T] -> (logits, new_cache, taps).
+        """tokens [B, T] -> (logits, new_cache, taps), and with `with_hidden` the final-normed hidden state
+        [B, T, d] at every chunk index after them (what a response store keeps beside the taps).
 
         With a cache, the chunk is written at slots `cache.lengths + arange(T)` and the returned
         cache has `lengths + T` (callers move `lengths` back for padding or rejected tokens).
@@ -272,11 +274,12 @@ class TargetLM(nn.Module):
             positions = slots
         h = self.embed(tokens)
         h, ks, vs, taps = self.layers(h, positions, self.masks(attn_mask, slots), cache, tuple(tap_layers))
-        if logit_indices is not None:
-            h = jnp.take_along_axis(h, logit_indices[:, :, None], axis=1)
-        logits = self.head(self.norm(h))
+        pick = (lambda x: x) if logit_indices is None else (
+            lambda x: jnp.take_along_axis(x, logit_indices[:, :, None], axis=1))
+        normed = self.norm(h) if with_hidden else None  # the default path norms only the picked rows
+        logits = self.head(pick(normed) if with_hidden else self.norm(pick(h)))
         new_cache = None if cache is None else KVCache(k=ks, v=vs, lengths=cache.lengths + t)
-        return logits, new_cache, taps
+        return (logits, new_cache, taps, normed) if with_hidden else (logits, new_cache, taps)
 
 
 def head_columns(cfg: TargetConfig, params, ids: Array) -> Array:

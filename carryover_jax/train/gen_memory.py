@@ -10,7 +10,11 @@ reuses a finished layer's buffers) at the larger of the two device passes:
 - prefill of the prompt bucket with the cache allocated: hidden states, q/k/v, the MLP, float32
   scores and probabilities over the cache's slots (unless a fused attention kernel runs: pallas,
   cudnn, or auto on CUDA), and the float32 logits the sampler works on;
-- the feature pass of `store_features` (no cache): one record of max_prompt_tokens + max_new_tokens
+- with `store_features`, regenerated replies record their features as they are generated: bfloat16 buffers
+  of the prompt bucket's and the reply's tokens per row (with the compute dtype's taps of the prefill
+  beside them), and the float32 logits of up to `LSE_CHUNK` prompt rows for their log-sum-exp;
+- the feature pass of `store_features` where nothing generates the replies (`responses="source"`) or
+  `store_kv` asks for every layer's K/V (no cache): one record of max_prompt_tokens + max_new_tokens
   tokens per row, its tapped layers kept in the compute dtype and as bfloat16 (with `store_kv`, every
   layer's K/V too, in the compute dtype and the stored one), and the float32 logits of up to `LSE_CHUNK` rows
   at a time for the stored log-sum-exp.
@@ -24,6 +28,7 @@ import jax.numpy as jnp
 
 from carryover_jax.bounds import SIZE_MAX
 from carryover_jax.config import DataConfig, TargetConfig
+from carryover_jax.decode.buckets import next_bucket
 from carryover_jax.decode.generate import plan_lengths
 from carryover_jax.errors import ConfigError
 from carryover_jax.models.target import LSE_CHUNK, new_cache
@@ -34,6 +39,12 @@ GB = 1e9
 DEVICE_FRACTION = 0.9  # of a device's free memory: headroom for XLA's temporaries and fragmentation
 # the feature pass (responses.target_features) pads records to a multiple of this many tokens
 FEATURE_BUCKET = 64
+
+
+def records_features(cfg: DataConfig) -> bool:
+    """Whether `prepare` takes a store's features from the generation that writes its replies (then no feature
+    pass runs): regenerated replies without `store_kv`, whose K/V rows the feature pass still gives."""
+    return cfg.store_features and cfg.responses == "regenerate" and not cfg.store_kv
 
 
 def cache_bytes(tcfg: TargetConfig, batch: int, cache_len: int) -> int:
@@ -69,12 +80,18 @@ def generation_bytes(cfg: DataConfig, tcfg: TargetConfig, batch: int, platform: 
     excluded), over the passes this config runs (regeneration, the feature pass)."""
     dense = not _fused_attention(tcfg, platform)
     cache = act = 0
+    recorded = records_features(cfg)
     if cfg.responses == "regenerate":
         bucket, slots = generation_lengths(cfg, tcfg)
         cache = cache_bytes(tcfg, batch, slots)
         act = _layer_bytes(tcfg, batch, bucket, slots, dense) + 4 * batch * tcfg.vocab_size * 4
+        if recorded:
+            width = (len(cfg.feature_layer_ids) + 1) * tcfg.hidden_size
+            act += batch * (bucket + next_bucket(cfg.max_new_tokens, minimum=1)) * (2 * width + 4)
+            act += batch * bucket * width * tcfg.numerics.compute.itemsize
+            act += 2 * min(batch * bucket, LSE_CHUNK) * tcfg.vocab_size * 4
     total = cache + act
-    if cfg.store_features:
+    if cfg.store_features and not recorded:
         length = -(-(cfg.max_prompt_tokens + cfg.max_new_tokens) // FEATURE_BUCKET) * FEATURE_BUCKET
         taps = (len(cfg.feature_layer_ids) + 1) * tcfg.hidden_size * (tcfg.numerics.compute.itemsize + 2)
         if cfg.store_kv:

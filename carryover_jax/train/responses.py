@@ -40,7 +40,7 @@ from carryover_jax.decode.generate import generate, pad_batch
 from carryover_jax.errors import CarryoverError, ConfigError
 from carryover_jax.io import exclusive
 from carryover_jax.models.target import TargetLM, head_logsumexp
-from carryover_jax.train.gen_memory import FEATURE_BUCKET, generation_batch
+from carryover_jax.train.gen_memory import FEATURE_BUCKET, generation_batch, records_features
 from carryover_jax.train.kv_rows import kv_width, pack_kv
 from carryover_jax.train.code_prompts import SOURCE as CODE_SOURCE
 from carryover_jax.train.sources import BUILTIN_SOURCES, Conversation, conversations, iter_source
@@ -156,6 +156,7 @@ class _Replay:
     mask: list[int]
     last_reply: list[int] = dataclasses.field(default_factory=list)
     active: bool = True
+    features: dict[str, np.ndarray] | None = None  # of ids, as the last generation recorded them
 
 
 def turn_separator(tokenizer, history: list[dict[str, str]], next_user: str, stop_text: str | None) -> str:
@@ -179,7 +180,10 @@ def _seed(cfg: DataConfig, batch_index: int, turn: int) -> int:
     return int(np.random.SeedSequence([cfg.seed, batch_index, turn]).generate_state(1)[0])
 
 
-def _replay_batch(cfg: DataConfig, target, batch: list[tuple[Conversation, list[int]]], batch_index: int):
+def _replay_batch(cfg: DataConfig, target, batch: list[tuple[Conversation, list[int]]], batch_index: int,
+                  features: tuple[int, ...] | None = None):
+    """Regenerated records; with `features` (layer ids) each also holds its target features, from the passes of
+    its last turn's generation (whose prompt is every earlier token of the record)."""
     tok, stops = target.tokenizer, set(target.stop_token_ids)
     states = [
         _Replay(conv.id, conv.user_turns, conv.prompt, list(ids), [0] * len(ids))
@@ -206,15 +210,16 @@ def _replay_batch(cfg: DataConfig, target, batch: list[tuple[Conversation, list[
             break
         outs = generate(
             target, [s.ids for s in live], max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-            top_k=cfg.top_k, top_p=cfg.top_p, seed=_seed(cfg, batch_index, turn), chat=False,
+            top_k=cfg.top_k, top_p=cfg.top_p, seed=_seed(cfg, batch_index, turn), chat=False, features=features,
         )
         for s, g in zip(live, outs):
             s.ids += g.token_ids
             s.mask += [1] * len(g.token_ids)
             s.last_reply = g.token_ids
+            s.features = g.features
             body = g.token_ids[:-1] if g.stop_reason == "stop_token" else g.token_ids
             s.history.append({"role": "assistant", "content": tok.decode(body, skip_special_tokens=True)})
-    records = [{"id": s.id, "input_ids": s.ids, "loss_mask": s.mask}
+    records = [{"id": s.id, "input_ids": s.ids, "loss_mask": s.mask, **(s.features or {})}
                for s in states if sum(s.mask) >= cfg.min_loss_tokens]
     skipped = [s.id for s in states if sum(s.mask) < cfg.min_loss_tokens]
     return records, skipped
@@ -306,9 +311,9 @@ def target_features(target, sequences: list[list[int]], layer_ids: tuple[int, ..
     from those K columns of the head alone), and with `kv_dtype` its K/V rows "kv" [S, kv_width] in that dtype.
 
     Sequences are right-padded (causal attention: padding never reaches real positions) to a multiple of
-    `FEATURE_BUCKET` tokens and to `batch_rows` rows. This pass is most of prepare's time: a power-of-two
-    bucket wasted up to half of it (320 tokens ran as 512), while one store's `max_len` still allows only
-    a handful of shapes to compile."""
+    `FEATURE_BUCKET` tokens and to `batch_rows` rows (a power-of-two bucket wasted up to half of the pass: 320
+    tokens ran as 512). Prepare runs it where generation does not record the features itself
+    (`gen_memory.records_features`: the dataset's own replies, or K/V rows asked for)."""
     if not sequences:
         return []
     rows = max(batch_rows or len(sequences), len(sequences))
@@ -358,6 +363,9 @@ def _fill(cfg: DataConfig, target, folder: Path, *, progress: bool, stop_after_b
         indexed=True,
     )
     done = store.done_ids()
+    # Generation records its own features (the passes that generate a reply compute them: a second forward over
+    # every record was ~40% of a bf16 prepare); the K/V rows of `store_kv` still come from the feature pass.
+    recorded = tuple(cfg.feature_layer_ids) if records_features(cfg) else None
     processed, finished = 0, True
     plan = Plan(cfg, target, shard, num_shards)
     bar = tqdm(total=planned, unit="conv", desc="responses", disable=not progress)
@@ -365,17 +373,21 @@ def _fill(cfg: DataConfig, target, folder: Path, *, progress: bool, stop_after_b
         for index, batch in enumerate(_batches(plan, size)):
             todo = [(conv, ids) for _, conv, ids in batch if conv.id not in done]
             if todo:
-                build = _source_batch if cfg.responses == "source" else _replay_batch
-                records, skipped = build(cfg, target, todo, index)
+                if cfg.responses == "source":
+                    records, skipped = _source_batch(cfg, target, todo, index)
+                else:
+                    records, skipped = _replay_batch(cfg, target, todo, index, features=recorded)
                 plan_index = {conv.id: i for i, conv, _ in batch}
                 for r in records:
                     r["index"] = plan_index[r["id"]]
-                if feats:
+                if feats and not recorded:
                     outs = target_features(target, [r["input_ids"] for r in records], cfg.feature_layer_ids,
                                            batch_rows=size, kv_dtype=cfg.store_kv)
                     for r, out in zip(records, outs):
-                        r.update(out if store.has("target_lse") else
-                                 {k: v for k, v in out.items() if k != "target_lse"})
+                        r.update(out)
+                if not store.has("target_lse"):  # a store from before the log-sum-exp was kept
+                    for r in records:
+                        r.pop("target_lse", None)
                 store.append(records, skipped=skipped)
                 store.commit()
                 processed += 1
