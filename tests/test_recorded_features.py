@@ -82,6 +82,7 @@ def test_the_memory_plan_counts_the_recorded_buffers_instead_of_a_feature_pass()
     with_kv = dataclasses.replace(recorded, store_kv="bfloat16")
     assert not gm.records_features(plain) and gm.records_features(recorded) and not gm.records_features(with_kv)
     assert not gm.records_features(dataclasses.replace(recorded, responses="source"))
+    assert not gm.records_features(dataclasses.replace(recorded, feature_pass=True))
     a, b = gm.generation_bytes(plain, tcfg, 4), gm.generation_bytes(recorded, tcfg, 4)
     assert b["cache"] == a["cache"] > 0 and b["activations"] > a["activations"]
     # four rows of (64 prompt + 32 reply) tokens x (3 taps + the last state) x 64 in bf16, + the float32 lse

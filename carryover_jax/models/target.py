@@ -246,8 +246,8 @@ class TargetLM(nn.Module):
         logit_indices: Array | None = None,
         with_hidden: bool = False,
     ):
-        """tokens [B, T] -> (logits, new_cache, taps), and with `with_hidden` the final-normed hidden state
-        [B, T, d] at every chunk index after them (what a response store keeps beside the taps).
+        """tokens [B, T] -> (logits, new_cache, taps); with `with_hidden` a fourth, the final-normed hidden
+        state [B, T, d] at every chunk index (what a response store keeps beside the taps).
 
         With a cache, the chunk is written at slots `cache.lengths + arange(T)` and the returned
         cache has `lengths + T` (callers move `lengths` back for padding or rejected tokens).

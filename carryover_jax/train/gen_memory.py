@@ -43,8 +43,9 @@ FEATURE_BUCKET = 64
 
 def records_features(cfg: DataConfig) -> bool:
     """Whether `prepare` takes a store's features from the generation that writes its replies (then no feature
-    pass runs): regenerated replies without `store_kv`, whose K/V rows the feature pass still gives."""
-    return cfg.store_features and cfg.responses == "regenerate" and not cfg.store_kv
+    pass runs): regenerated replies without `store_kv` (whose K/V rows the feature pass gives) unless
+    `data.feature_pass` asks for the pass."""
+    return cfg.store_features and cfg.responses == "regenerate" and not cfg.store_kv and not cfg.feature_pass
 
 
 def cache_bytes(tcfg: TargetConfig, batch: int, cache_len: int) -> int:
