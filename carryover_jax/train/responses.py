@@ -364,7 +364,7 @@ def _fill(cfg: DataConfig, target, folder: Path, *, progress: bool, stop_after_b
     )
     done = store.done_ids()
     # Generation records its own features (the passes that generate a reply compute them: a second forward over
-    # every record was ~40% of a bf16 prepare); the K/V rows of `store_kv` still come from the feature pass.
+    # every record was ~40% of a bf16 prepare), except where `records_features` says the pass must run.
     recorded = tuple(cfg.feature_layer_ids) if records_features(cfg) else None
     processed, finished = 0, True
     plan = Plan(cfg, target, shard, num_shards)
