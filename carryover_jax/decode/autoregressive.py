@@ -36,9 +36,10 @@ class Recorded:
     target_lse: Array
 
 
-def _recorded(cfg: TargetConfig, params, taps, normed, logits=None) -> Recorded:
-    """`logits` [B, T, V]: the head's logits at `normed`; where `normed` is already bfloat16 they are the
-    logits at the stored state, so their log-sum-exp needs no second pass of the head."""
+def recorded(cfg: TargetConfig, params, taps, normed, logits=None) -> Recorded:
+    """What a store keeps of the taps and final-normed states [B, T, ...] of any pass. `logits` [B, T, V]: the
+    head's logits at `normed`; where `normed` is already bfloat16 they are the logits at the stored state, so
+    their log-sum-exp needs no second pass of the head."""
     last = normed.astype(jnp.bfloat16)
     if logits is not None and normed.dtype == jnp.bfloat16:
         lse = cpu_logsumexp.logsumexp(logits)
@@ -58,7 +59,7 @@ def prefill(cfg: TargetConfig, params, tokens: Array, prompt_lens: Array, max_le
         out = TargetLM(cfg).apply({"params": params}, tokens, cache=cache, logit_indices=(prompt_lens - 1)[:, None],
                                   tap_layers=record, with_hidden=bool(record))
         first = (out[1].with_lengths(prompt_lens), out[0][:, 0])
-        return first + (_recorded(cfg, params, out[2], out[3]),) if record else first
+        return first + (recorded(cfg, params, out[2], out[3]),) if record else first
 
     return numerics.sub_batched(rows, tokens, prompt_lens, tokens_per_row=tokens.shape[1])
 
@@ -115,18 +116,18 @@ def ar_body(cfg: TargetConfig, params, s: ARState, *, temperature, max_new, stop
     num_out = s.num_out + active.astype(jnp.int32)
     done = s.done | (active & (is_stop(tok, stop_ids) | (num_out >= max_new)))
     last = jnp.where(active, tok, s.last)
-    recorded = s.recorded
+    kept = s.recorded
     if record:  # every row fed now was fed exactly max(s.fed) times before: one column for all of them
         at = jnp.max(s.fed)
-        step = _recorded(cfg, params, res[2], res[3], logits)
+        step = recorded(cfg, params, res[2], res[3], logits)
 
         def put(buf, x):
             old = jax.lax.dynamic_slice_in_dim(buf, at, 1, axis=1)
             keep = fed.reshape((-1,) + (1,) * (x.ndim - 1))
             return jax.lax.dynamic_update_slice_in_dim(buf, jnp.where(keep, x.astype(buf.dtype), old), at, axis=1)
 
-        recorded = jax.tree.map(put, s.recorded, step)
-    return ARState(cache, out, num_out, done, last, rng, recorded, None if s.fed is None else s.fed + fed)
+        kept = jax.tree.map(put, s.recorded, step)
+    return ARState(cache, out, num_out, done, last, rng, kept, None if s.fed is None else s.fed + fed)
 
 
 @functools.partial(
@@ -138,11 +139,11 @@ def generate_loop(cfg: TargetConfig, params, cache: KVCache, first_logits: Array
     """All decoding after prefill in one `lax.while_loop` (no host round-trips). With `record` (feature
     layer ids) the state's `recorded` holds each generated token's features: one step more than without."""
     kw = dict(temperature=temperature, max_new=max_new, stop_ids=stop_ids, top_k=top_k, top_p=top_p)
-    recorded = None
+    buffers = None
     if record:
         b, d = first_logits.shape[0], cfg.hidden_size
-        recorded = Recorded(jnp.zeros((b, out_size, len(record) * d), jnp.bfloat16),
+        buffers = Recorded(jnp.zeros((b, out_size, len(record) * d), jnp.bfloat16),
                             jnp.zeros((b, out_size, d), jnp.bfloat16), jnp.zeros((b, out_size), jnp.float32))
-    s0 = start_state(first_logits, cache, rng=rng, out_size=out_size, recorded=recorded, **kw)
+    s0 = start_state(first_logits, cache, rng=rng, out_size=out_size, recorded=buffers, **kw)
     more = (lambda s: jnp.any(s.fed < s.num_out)) if record else (lambda s: ~jnp.all(s.done))
     return jax.lax.while_loop(more, lambda s: ar_body(cfg, params, s, record=record, **kw), s0)

@@ -36,10 +36,11 @@ import numpy as np
 
 from carryover_jax import numerics
 from carryover_jax.config import DataConfig, TargetConfig
+from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode.generate import generate, pad_batch
 from carryover_jax.errors import CarryoverError, ConfigError
 from carryover_jax.io import exclusive
-from carryover_jax.models.target import TargetLM, head_logsumexp
+from carryover_jax.models.target import TargetLM
 from carryover_jax.train.gen_memory import FEATURE_BUCKET, generation_batch, records_features
 from carryover_jax.train.kv_rows import kv_width, pack_kv
 from carryover_jax.train.code_prompts import SOURCE as CODE_SOURCE
@@ -294,10 +295,10 @@ def _features(params, tokens, *, cfg: TargetConfig, layer_ids: tuple[int, ...], 
                                             with_kv=True)
     taps, last, ks, vs = numerics.sub_batched(forward, tokens, tokens_per_row=tokens.shape[1],
                                               max_tokens=FEATURE_PASS_TOKENS)
-    last = last.astype(jnp.bfloat16)
-    # from the rounded state: the logits training computes from the store's last_hidden normalise to 1
-    out = {"features": jnp.concatenate(taps, axis=-1).astype(jnp.bfloat16), "last_hidden": last,
-           "target_lse": head_logsumexp(cfg, params, last)[..., None]}
+    # the log-sum-exp from the rounded state: the logits training computes from the store's last_hidden normalise
+    # to 1 (the same values generation records, `autoregressive.recorded`)
+    rec = ar.recorded(cfg, params, taps, last)
+    out = {"features": rec.features, "last_hidden": rec.last_hidden, "target_lse": rec.target_lse[..., None]}
     if kv_dtype is not None:
         out["kv"] = pack_kv(ks, vs).astype(kv_dtype)
     return out
