@@ -116,6 +116,31 @@ def _store(path, ids, *, seed, feature_dim=4, meta=None, split="train"):
     return recs
 
 
+def test_sampled_replies_to_the_same_prompts_train_beside_the_greedy_ones(tiny_llama_worded, tmp_path):
+    """The same prompts with the target's sampled replies are other records: a greedy store and a sampled one
+    (or two sampling seeds) train together; two stores of the same draw would train each record twice."""
+    target = _worded_target(tiny_llama_worded)
+    base = dict(source=_source(tmp_path), heldout_per_mille=0, max_new_tokens=8, min_loss_tokens=2,
+                max_prompt_tokens=64)
+    greedy = prepare_responses(DataConfig(store=str(tmp_path / "greedy"), **base), target, progress=False)
+    hot = dict(base, temperature=1.5)
+    s1 = prepare_responses(DataConfig(store=str(tmp_path / "s1"), seed=1, **hot), target, progress=False)
+    prepare_responses(DataConfig(store=str(tmp_path / "s2"), seed=2, **hot), target, progress=False)
+    prepare_responses(DataConfig(store=str(tmp_path / "greedy2"), **dict(base, max_new_tokens=6)), target,
+                      progress=False)
+    prepare_responses(DataConfig(store=str(tmp_path / "s1b"), seed=1, **dict(hot, max_new_tokens=6)), target,
+                      progress=False)
+    assert sorted(greedy.ids()) == sorted(s1.ids()) == ["a", "b", "c"]
+    reply = {cid: greedy[i]["input_ids"].tolist() for i, cid in enumerate(greedy.ids())}
+    assert any(s1[i]["input_ids"].tolist() != reply[cid] for i, cid in enumerate(s1.ids()))  # a draw, not greedy
+    mix = open_store(tmp_path / "greedy", [tmp_path / "s1", tmp_path / "s2"])
+    assert sorted(mix.ids()) == sorted(["a", "b", "c"] * 3) and len(mix) == 9
+    for twice in ("greedy2", "s1b"):  # another reply length, the same draw of the same prompts
+        first = "greedy" if twice == "greedy2" else "s1"
+        with pytest.raises(DataError, match="both hold conversation 'a' with the same replies"):
+            open_store(tmp_path / first, [tmp_path / twice])
+
+
 def test_store_mix_reads_every_store_in_turn(tmp_path):
     one = _store(tmp_path / "one", ["a", "b", "c"], seed=1)
     two = _store(tmp_path / "two", ["a#2", "b#2"], seed=2)  # another source: allowed to differ

@@ -622,11 +622,23 @@ MIX_FREE = ("data.source", "data.prompt_turns", "data.responses", "data.max_turn
             "data.min_loss_tokens")
 
 
+def _replies_drawn(meta: Mapping[str, Any]) -> tuple:
+    """Which replies a store's records hold, as far as two stores of the same prompts can tell: the source's,
+    the target's greedy ones, or one draw of its sampling (another seed or setting, other replies)."""
+    d = meta.get("data", {})
+    if d.get("responses", "regenerate") == "source":
+        return ("source",)
+    if not d.get("temperature", 0.0):
+        return ("greedy",)
+    return ("sampled", d["temperature"], d.get("top_p", 1.0), d.get("top_k", 0), d.get("seed", 0))
+
+
 class StoreMix:
     """Several store folders (each a `StoreView`) read as one: the records of each in turn. For training on
     prompts prepared separately (another source, later turns, replies made elsewhere): the stores must hold
     the same target's records with the same per-token arrays and come from the same train/held-out split,
-    and no conversation id may be in two of them (it would be trained on twice)."""
+    and no conversation may be in two of them with the same replies (it would be trained on twice): the same
+    prompts with sampled replies (`data.temperature` > 0, another `data.seed`) are other records."""
 
     def __init__(self, views: Sequence[StoreView]):
         self.views = list(views)
@@ -643,12 +655,15 @@ class StoreMix:
             if diffs:
                 raise DataError(f"{first.path} and {v.path} cannot train together: they differ in "
                                 f"{', '.join(diffs[:4])}")
-        seen: dict[str, Path] = {}
+        seen: dict[tuple[str, tuple], Path] = {}
         for v in self.views:
+            draw = _replies_drawn(v.meta)
             for i in v.ids():
-                if seen.setdefault(i, v.path) != v.path:
-                    raise DataError(f"{seen[i]} and {v.path} both hold conversation {i!r}; train on one of them, "
-                                    "or prepare the other with prompts the first lacks (data.prompt_turns=later)")
+                if seen.setdefault((i, draw), v.path) != v.path:
+                    raise DataError(f"{seen[i, draw]} and {v.path} both hold conversation {i!r} with the same "
+                                    "replies; train on one of them, prepare the other with prompts the first lacks "
+                                    "(data.prompt_turns=later) or sample its replies (data.temperature > 0, "
+                                    "another data.seed)")
         self._starts = np.cumsum([0] + [len(v) for v in self.views])
 
     @property
