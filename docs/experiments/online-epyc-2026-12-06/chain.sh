@@ -3,7 +3,7 @@
 # and every stage goes on where it stopped (prepare skips the prompts its store holds; training resumes from its
 # newest checkpoint; a finished cycle is skipped). Usage: bash chain.sh CYCLES [RUN_DIR]   (from the repo root)
 # CODE=runs/code/data bash chain.sh CYCLES: every cycle also trains on that store (code-prompts-2026-12-06), its
-# cycles named cNcode_3600.
+# cycles named cNcode_3600. EXTRA="STORE ..." ARM=NAME: these stores instead, the cycles named cN${ARM}_3600.
 set -euo pipefail
 cycles=${1:?usage: chain.sh CYCLES [RUN_DIR]}
 run=${2:-runs/e18k}
@@ -12,6 +12,10 @@ common=(--config smollm2 --dtype bfloat16 --set "data.store=$run/data" --set dat
 train=("${common[@]}")
 arm=""
 if [ -n "${CODE:-}" ]; then train+=(--set "data.extra_stores=$CODE"); arm=code; fi
+if [ -n "${EXTRA:-}" ]; then
+  list=$(printf "'%s', " $EXTRA)
+  train+=(--set "data.extra_stores=[${list%, }]"); arm=${ARM:?EXTRA needs ARM}
+fi
 echo "$(date -u +%FT%TZ) prepare"
 carryover prepare "${common[@]}"
 prev=""
