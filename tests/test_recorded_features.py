@@ -75,6 +75,26 @@ def test_generation_records_what_the_feature_pass_computes(name, dtype):
     assert plain[0].features is None
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sampled_replies_record_the_states_of_the_drawn_tokens(dtype):
+    """prepare at data.temperature > 0: the recording run draws the same tokens as a plain one (same seed) and its
+    features are the feature pass's over the drawn sequence."""
+    target = _target("untied", dtype)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, 32, n).tolist() for n in (5, 13, 8)]
+    kw = dict(max_new_tokens=[12, 7, 15], temperature=1.0, top_p=0.9, seed=3, stop_token_ids=[])
+    plain = generate(target, prompts, **kw)
+    got = generate(target, prompts, features=LAYERS, **kw)
+    assert [g.token_ids for g in got] == [g.token_ids for g in plain]
+    greedy = generate(target, prompts, **dict(kw, temperature=0.0))
+    assert [g.token_ids for g in got] != [g.token_ids for g in greedy]  # a draw, not the greedy chain
+    seqs = [g.prompt_ids + g.token_ids for g in got]
+    for g, r in zip(got, target_features(target, seqs, LAYERS)):
+        for k in ("features", "last_hidden"):
+            np.testing.assert_allclose(g.features[k].astype(np.float32), r[k].astype(np.float32), rtol=TOL[dtype],
+                                       atol=TOL[dtype])
+
+
 def test_the_memory_plan_counts_the_recorded_buffers_instead_of_a_feature_pass():
     tcfg = TCFG.with_numerics(Numerics.for_platform("cpu"))
     plain = DataConfig(max_prompt_tokens=64, max_new_tokens=32)
