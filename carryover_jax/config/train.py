@@ -19,8 +19,9 @@ class DataConfig:
     # functions, train/code_prompts.py) or a JSONL path
     source: str = "sharegpt"
     store: str = "runs/data/responses"  # response store folder (tensorstore zarr)
-    # more stores that training reads with `store`, each prepared on its own (other prompts or sources); their
-    # records join `store`'s (train/store.py `StoreMix`: the same target, features and split)
+    # more stores that training reads with `store`, each prepared on its own (other prompts or sources, or sampled
+    # replies to the same prompts); their records join `store`'s (train/store.py `StoreMix`: the same target,
+    # features and split)
     extra_stores: tuple[str, ...] = ()
     split: str = "train"  # "train" | "heldout": a fixed hash split of conversation ids
     heldout_per_mille: int = 20
