@@ -135,7 +135,7 @@ def test_sampled_replies_to_the_same_prompts_train_beside_the_greedy_ones(tiny_l
     assert any(s1[i]["input_ids"].tolist() != reply[cid] for i, cid in enumerate(s1.ids()))  # a draw, not greedy
     mix = open_store(tmp_path / "greedy", [tmp_path / "s1", tmp_path / "s2"])
     assert sorted(mix.ids()) == sorted(["a", "b", "c"] * 3) and len(mix) == 9
-    for twice in ("greedy2", "s1b"):  # another reply length, the same draw of the same prompts
+    for twice in ("greedy2", "s1b"):  # the greedy chain, or seed 1's draw, again at another reply length
         first = "greedy" if twice == "greedy2" else "s1"
         with pytest.raises(DataError, match="both hold conversation 'a' with the same replies"):
             open_store(tmp_path / first, [tmp_path / twice])
