@@ -135,6 +135,8 @@ def test_sampled_replies_to_the_same_prompts_train_beside_the_greedy_ones(tiny_l
     assert any(s1[i]["input_ids"].tolist() != reply[cid] for i, cid in enumerate(s1.ids()))  # a draw, not greedy
     mix = open_store(tmp_path / "greedy", [tmp_path / "s1", tmp_path / "s2"])
     assert sorted(mix.ids()) == sorted(["a", "b", "c"] * 3) and len(mix) == 9
+    with pytest.raises(CarryoverError, match="data.temperature"):  # one store holds one kind of replies
+        prepare_responses(DataConfig(store=str(tmp_path / "greedy"), seed=1, **hot), target, progress=False)
     for twice in ("greedy2", "s1b"):  # the greedy chain, or seed 1's draw, again at another reply length
         first = "greedy" if twice == "greedy2" else "s1"
         with pytest.raises(DataError, match="both hold conversation 'a' with the same replies"):
