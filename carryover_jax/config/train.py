@@ -50,9 +50,9 @@ class DataConfig:
     # 6.7x the stored features. None: no K/V (DVD computes them)
     store_kv: str | None = None
     # with store_features: take regenerated replies' features from a second, cache-free forward over the finished
-    # records (the one features="online" runs) instead of from the passes that generated them (recording them
-    # took 0.76x the time of a bf16 prepare with the pass; the values agree to bf16 rounding). store_kv and
-    # responses="source" always take the pass
+    # records (the one features="online" runs) instead of from the passes that generated them (the values agree
+    # to bf16 rounding; docs/experiments/recorded-features-2026-12-07). store_kv and responses="source" always
+    # take the pass
     feature_pass: bool = False
     max_len: int = 1024  # training sequence length: records are truncated / right-padded to it
     min_loss_tokens: int = 14

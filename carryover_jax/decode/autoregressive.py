@@ -143,7 +143,7 @@ def generate_loop(cfg: TargetConfig, params, cache: KVCache, first_logits: Array
     if record:
         b, d = first_logits.shape[0], cfg.hidden_size
         buffers = Recorded(jnp.zeros((b, out_size, len(record) * d), jnp.bfloat16),
-                            jnp.zeros((b, out_size, d), jnp.bfloat16), jnp.zeros((b, out_size), jnp.float32))
+                           jnp.zeros((b, out_size, d), jnp.bfloat16), jnp.zeros((b, out_size), jnp.float32))
     s0 = start_state(first_logits, cache, rng=rng, out_size=out_size, recorded=buffers, **kw)
     more = (lambda s: jnp.any(s.fed < s.num_out)) if record else (lambda s: ~jnp.all(s.done))
     return jax.lax.while_loop(more, lambda s: ar_body(cfg, params, s, record=record, **kw), s0)
