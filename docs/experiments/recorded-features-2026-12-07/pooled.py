@@ -1,15 +1,21 @@
 """Two arms with two seeds each, scored on the same rollouts by one `carryover eval --offline` run: each arm's τ over
 both seeds (summed tokens over summed rounds of the two drafters, per rollout), paired per rollout with the project's
-bootstrap. Usage: python pooled.py results.json A_LABEL1,A_LABEL2 B_LABEL1,B_LABEL2 (B against A)."""
+bootstrap. Usage: python pooled.py results.json A_LABEL1,A_LABEL2 B_LABEL1,B_LABEL2 (B against A); an arm given as
+OTHER_RESULTS.json:LABEL1,LABEL2 is read from that eval's results instead (the same rollouts, scored in another run)."""
 import json
 import sys
 
 from carryover_jax.eval.paired import paired_bootstrap
 
-log = [e for e in json.load(open(sys.argv[1]))["log"] if e["temperature"] == 0]
+
+
+def t0_log(path):
+    return [e for e in json.load(open(path))["log"] if e["temperature"] == 0]
 
 
 def arm(labels):
+    path, _, labels = labels.rpartition(":")
+    log = t0_log(path or sys.argv[1])
     rows = [{(e["dataset"], e["prompt"]): e for e in log if e["mode"] == m} for m in labels.split(",")]
     return {k: (sum(r[k]["new_tokens"] - 1 for r in rows), sum(r[k]["rounds"] for r in rows)) for k in rows[0]}
 
