@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 
 from carryover_jax import CarryoverError, generate, load_target
+from carryover_jax.decode import autoregressive as ar
+from carryover_jax.decode.buckets import next_bucket, prompt_bucket
+from carryover_jax.decode.generate import plan_lengths
 from carryover_jax.decode.sampling import probs, sample
 from tests.hf_models import hf_greedy
 from tests.jitted import count_splits
@@ -129,12 +132,34 @@ def test_prompt_longer_than_cache_is_one_clear_error(tiny_llama):
 
 
 def test_user_cache_shorter_than_the_prompt_bucket(tiny_llama):
-    """max_len between the prompt and its power-of-two bucket: prefill uses the cache length."""
+    """max_len between the prompt and its bucket: prefill uses the cache length."""
     target = load_target(tiny_llama.path, tokenizer=False)
     prompt = _prompts(5, (17,))
     ref = generate(target, prompt, max_new_tokens=5, stop_token_ids=[])
     out = generate(target, prompt, max_new_tokens=5, stop_token_ids=[], max_len=24)  # bucket would be 32
     assert out[0].token_ids == ref[0].token_ids
+
+
+def test_prompt_buckets_between_powers_of_two(tiny_llama, monkeypatch):
+    """Prompts pad to multiples of 16 below 128 tokens (of 32 below 256, ...), not to the next power of two: a
+    70-token prompt prefills 80 rows, not 128, and decodes as transformers does; the cache keeps its size."""
+    for n in range(1, 2049):
+        b = prompt_bucket(n)
+        assert n <= b <= next_bucket(n) and b - n < max(16, n / 4)
+        assert b >= prompt_bucket(n - 1) if n > 1 else b == 16
+    for k in range(6, 11):  # at most 4 buckets an octave
+        assert len({prompt_bucket(n) for n in range(2 ** k + 1, 2 ** (k + 1) + 1)}) == 4
+    shapes = []
+    prefill = ar.prefill
+    monkeypatch.setattr(ar, "prefill", lambda cfg, params, tokens, *a, **k: shapes.append(tokens.shape) or
+                        prefill(cfg, params, tokens, *a, **k))
+    target = load_target(tiny_llama.path, tokenizer=False)
+    prompts = _prompts(6, lens=(70, 66))
+    out = generate(target, prompts, max_new_tokens=10, stop_token_ids=[])
+    assert shapes == [(2, 80)]
+    for p, r in zip(prompts, out):
+        assert r.token_ids == hf_greedy(tiny_llama.hf, p, 10, eos=None)
+    assert plan_lengths([70, 66], [10, 10], None, 4096) == (80, 128)
 
 
 def test_a_prefill_in_sub_batches_matches_transformers(tiny_llama, monkeypatch):

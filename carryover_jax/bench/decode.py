@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from carryover_jax.bench import steps
 from carryover_jax.bench.prompts import BENCH_PROMPTS
-from carryover_jax.decode.buckets import next_bucket
+from carryover_jax.decode.buckets import prompt_bucket
 from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode import speculative as sp
 from carryover_jax.decode.generate import generate, speculative_generate
@@ -140,7 +140,7 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
                                f"[{low}, {tcfg.max_position_embeddings}] (the target's context)")
     sc = sp.SpecConfig(target=tcfg, drafter=dcfg, attend_carried=carryover and dcfg.carryover)
     rng = np.random.default_rng(0)
-    bucket = next_bucket(prompt_len)
+    bucket = prompt_bucket(prompt_len)
     tokens = np.zeros((batch, bucket), np.int32)
     tokens[:, :prompt_len] = rng.integers(10, tcfg.vocab_size, (batch, prompt_len))
     tokens, lens = jnp.asarray(tokens), jnp.full((batch,), prompt_len, jnp.int32)

@@ -12,7 +12,7 @@ import numpy as np
 
 from carryover_jax.decode import autoregressive as ar
 from carryover_jax.decode import speculative as sp
-from carryover_jax.decode.buckets import next_bucket
+from carryover_jax.decode.buckets import next_bucket, prompt_bucket
 from carryover_jax.errors import CarryoverError, RequestError
 from carryover_jax.models.drafter import check_pair
 
@@ -126,7 +126,7 @@ def plan_lengths(prompt_lens: Sequence[int], max_new: Sequence[int], max_len: in
         raise RequestError(f"max_len {max_len:,} is longer than the target's context of {limit:,} tokens "
                            "(max_position_embeddings)")
     longest = max(prompt_lens)
-    bucket = next_bucket(longest)
+    bucket = prompt_bucket(longest)
     need = max(p + m for p, m in zip(prompt_lens, max_new))
     cache_len = max_len or max(bucket, next_bucket(need))
     if cache_len > limit and max_len is None:
@@ -137,7 +137,7 @@ def plan_lengths(prompt_lens: Sequence[int], max_new: Sequence[int], max_len: in
                 f"prompt {i} has {p} tokens; with max_new_tokens={m} it needs {p + m} cache slots "
                 f"but the cache holds {cache_len}{' (max_len)' if max_len else ''}"
             )
-    # a user-given cache may be shorter than the power-of-two bucket: prefill then uses the cache length
+    # a user-given cache may be shorter than the prompt bucket: prefill then uses the cache length
     return min(bucket, cache_len), cache_len
 
 
