@@ -143,11 +143,11 @@ def test_user_cache_shorter_than_the_prompt_bucket(tiny_llama):
 def test_prompt_buckets_between_powers_of_two(tiny_llama, monkeypatch):
     """Prompts pad to multiples of 16 below 128 tokens (of 32 below 256, ...), not to the next power of two: a
     70-token prompt prefills 80 rows, not 128, and decodes as transformers does; the cache keeps its size."""
-    for n in range(1, 2049):
-        b = prompt_bucket(n)
+    buckets = [prompt_bucket(n) for n in range(1, 2049)]
+    assert buckets[0] == 16 and buckets == sorted(buckets)
+    for n, b in enumerate(buckets, 1):
         assert n <= b <= next_bucket(n) and b - n < max(16, n / 4)
-        assert b >= prompt_bucket(n - 1) if n > 1 else b == 16
-    for k in range(6, 11):  # at most 4 buckets an octave
+    for k in range(6, 11):  # four buckets an octave
         assert len({prompt_bucket(n) for n in range(2 ** k + 1, 2 ** (k + 1) + 1)}) == 4
     shapes = []
     prefill = ar.prefill

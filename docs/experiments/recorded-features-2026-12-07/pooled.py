@@ -1,12 +1,12 @@
-"""Two arms with two seeds each, scored on the same rollouts by one `carryover eval --offline` run: each arm's τ over
-both seeds (summed tokens over summed rounds of the two drafters, per rollout), paired per rollout with the project's
-bootstrap. Usage: python pooled.py results.json A_LABEL1,A_LABEL2 B_LABEL1,B_LABEL2 (B against A); an arm given as
-OTHER_RESULTS.json:LABEL1,LABEL2 is read from that eval's results instead (the same rollouts, scored in another run)."""
+"""Two arms of one or more seeds each, scored on the same rollouts by one `carryover eval --offline` run: each arm's
+τ over its seeds (summed tokens over summed rounds of its drafters, per rollout), paired per rollout with the
+project's bootstrap. Usage: python pooled.py results.json A_LABEL1,A_LABEL2 B_LABEL1,B_LABEL2 (B against A); an
+arm given as OTHER_RESULTS.json:LABEL1,LABEL2 is read from that eval's results instead (the same rollouts, scored in
+another run)."""
 import json
 import sys
 
 from carryover_jax.eval.paired import paired_bootstrap
-
 
 
 def t0_log(path):
