@@ -15,10 +15,16 @@ from carryover_jax.train.vocab import draft_vocabulary
 from carryover_jax.weights.drafter_formats import export_drafter, load_drafter, save_drafter
 
 
-def _drafter(target, vocab, *, proposals=4, seed=0, layer_ids=(0, 1)):
-    cfg = DrafterConfig.for_target(target.cfg, kind="dflash", layout="zlab", num_proposals=proposals, num_layers=1,
-                                   mask_token_id=4, target_layer_ids=layer_ids, draft_vocab=tuple(vocab))
+def _drafter(target, vocab, *, proposals=4, seed=0, layer_ids=(0, 1), kind="dflash", markov_scale=None):
+    """`markov_scale`: the Markov head's weights redrawn at that scale, so its bias decides many proposals."""
+    cfg = DrafterConfig.for_target(target.cfg, kind=kind, layout="zlab", num_proposals=proposals, num_layers=1,
+                                   mask_token_id=4, target_layer_ids=layer_ids, draft_vocab=tuple(vocab),
+                                   markov_rank=4 if kind == "markov" else None)
     params = init_drafter_params(cfg, jax.random.key(seed))
+    if markov_scale:
+        rng = np.random.default_rng(seed)
+        params["markov_head"] = jax.tree.map(
+            lambda x: markov_scale * rng.standard_normal(x.shape).astype(np.float32), params["markov_head"])
     return cfg, with_draft_head(cfg, params, frozen_from_target(target.params, target.cfg))
 
 
@@ -38,9 +44,30 @@ def test_config_refuses_bad_vocabularies(tiny_llama):
         DrafterConfig.for_target(target.cfg, draft_vocab=(5, 3), **kw)
     with pytest.raises(ConfigError, match="strictly increasing target ids"):
         DrafterConfig.for_target(target.cfg, draft_vocab=(3, target.cfg.vocab_size), **kw)
-    with pytest.raises(ConfigError, match="dflash drafters only"):
-        DrafterConfig.for_target(target.cfg, kind="markov", num_proposals=3, num_layers=1, mask_token_id=4,
-                                 target_layer_ids=(0,), draft_vocab=(3, 5))
+
+
+def test_markov_bias_covers_the_draft_vocabulary(tiny_llama):
+    """A Markov head over a draft vocabulary of K ids: W1 embeds any target id (the anchor), W2 maps to the K
+    draft logits; the sequential greedy proposals are the argmaxes of backbone + bias, each slot's bias from
+    the previous slot's target id, checked against a loop by hand."""
+    from carryover_jax.decode.drafting import sequential_proposals
+
+    target = load_target(tiny_llama.path, tokenizer=False)
+    vocab = tuple(range(3, 97, 3))
+    cfg, params = _drafter(target, vocab, kind="markov", markov_scale=1.0)
+    w1 = np.asarray(params["markov_head"]["markov_w1"]["embedding"])
+    w2 = np.asarray(params["markov_head"]["markov_w2"]["kernel"])
+    assert w1.shape == (target.cfg.vocab_size, 4) and w2.shape == (4, len(vocab))
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((5, cfg.num_proposals, len(vocab))).astype(np.float32)
+    anchor = np.array([0, 7, 50, 96, 12])  # any target id, inside the draft vocabulary or not
+    toks = np.asarray(sequential_proposals(cfg, params, jnp.asarray(z), jnp.asarray(anchor), None, None,
+                                           sampling=False)[0])
+    for b in range(5):
+        prev = anchor[b]
+        for k in range(cfg.num_proposals):
+            prev = vocab[int(np.argmax(z[b, k] + w1[prev] @ w2))]
+            assert toks[b, k] == prev
 
 
 def test_row_terms_equal_the_full_vocabulary_with_the_rest_masked():
@@ -72,11 +99,12 @@ def test_row_terms_equal_the_full_vocabulary_with_the_rest_masked():
     assert (kl_f > 0).all()
 
 
+@pytest.mark.parametrize("kind", ["dflash", "markov"])
 @pytest.mark.parametrize("carryover", [True, False])
-def test_greedy_with_a_draft_vocabulary_equals_ar(tiny_llama, carryover):
+def test_greedy_with_a_draft_vocabulary_equals_ar(tiny_llama, carryover, kind):
     target = load_target(tiny_llama.path, tokenizer=False)
     vocab = list(range(3, 97, 2))  # half the tokens: many target tokens cannot be proposed
-    drafter = _drafter(target, vocab)
+    drafter = _drafter(target, vocab, kind=kind, markov_scale=1.0 if kind == "markov" else None)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 97, size=n).tolist() for n in (4, 13, 7)]
     ref = generate(target, prompts, max_new_tokens=[17, 5, 23], stop_token_ids=[])
@@ -85,13 +113,17 @@ def test_greedy_with_a_draft_vocabulary_equals_ar(tiny_llama, carryover):
     assert [r.token_ids for r in out] == [r.token_ids for r in ref]
 
 
-def test_sampling_with_a_draft_vocabulary_is_lossless(tmp_path):
+@pytest.mark.parametrize("kind", ["dflash", "markov"])
+def test_sampling_with_a_draft_vocabulary_is_lossless(tmp_path, kind):
     """T = 1, a target of 8 tokens and a drafter that can propose only 4 of them: the first three
-    generated tokens follow the exact target distribution (chi-square, fixed seed)."""
+    generated tokens follow the exact target distribution (chi-square, fixed seed). Markov: a strong bias
+    over the 4 ids, drawn slot after slot."""
     from tests.lossless import sampled_pvalue, tiny_sampling_target
 
     target = tiny_sampling_target(tmp_path)
-    pvalue, stats = sampled_pvalue(target, _drafter(target, (0, 3, 5, 6), proposals=3, seed=1, layer_ids=(0,)))
+    drafter = _drafter(target, (0, 3, 5, 6), proposals=3, seed=1, layer_ids=(0,), kind=kind,
+                       markov_scale=1.0 if kind == "markov" else None)
+    pvalue, stats = sampled_pvalue(target, drafter)
     assert pvalue > 1e-3
     assert stats["tau"] > 1.05  # drafts are accepted: the acceptance path is exercised
 

@@ -32,6 +32,7 @@ VARIANTS = {
     "zlab": ("dflash", "zlab", "zlab", 0),
     "deepspec-markov": ("markov", "deepspec", "deepspec", 0),
     "native-draft-vocab": ("dflash", "zlab", "native", 40),
+    "native-markov-draft-vocab": ("markov", "deepspec", "native", 90),
 }
 P = 4
 
@@ -103,9 +104,12 @@ def setup(tiny_varied_qwen3, tmp_path_factory):
         cfg = DrafterConfig.for_target(target.cfg, kind=kind, layout=layout, num_proposals=P, num_layers=1,
                                        mask_token_id=4, target_layer_ids=(-1, 0, 1),
                                        markov_rank=8 if kind == "markov" else None, draft_vocab=draft_vocab)
-        if vocab:  # the z-lab drafter with its head cut to the draft vocabulary's target rows (EAGLE-3 init)
+        if vocab:  # a trained drafter with its heads cut to the draft vocabulary's target rows (EAGLE-3 init)
             params = with_draft_head(cfg, {**trained[(kind, layout)], "lm_head": {"kernel": jnp.zeros(
                 (cfg.hidden_size, vocab), jnp.float32)}}, frozen)
+            if kind == "markov":
+                mh = params["markov_head"]
+                params["markov_head"] = {**mh, "markov_w2": {"kernel": mh["markov_w2"]["kernel"][:, 3:3 + vocab]}}
         else:
             params = trained[(kind, layout)] = _train(target, cfg)
         if fmt == "native":

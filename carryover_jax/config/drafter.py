@@ -125,9 +125,6 @@ class DrafterConfig:
             raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary")
         v = self.draft_vocab
         if v:
-            if self.markov_rank:
-                raise ConfigError("a draft vocabulary is supported for dflash drafters only (the Markov head "
-                                  "maps the whole target vocabulary)")
             if len(v) < 2 or list(v) != sorted(set(v)) or v[0] < 0 or v[-1] >= self.backbone.vocab_size:
                 raise ConfigError(f"draft_vocab must hold >= 2 strictly increasing target ids in "
                                   f"[0, {self.backbone.vocab_size}), got {len(v)} ids")

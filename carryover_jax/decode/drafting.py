@@ -124,9 +124,9 @@ def sequential_proposals(cfg: DrafterConfig, params, backbone_logits: Array, anc
         if not cfg.markov_rank:
             return to_target_ids(cfg, argmax(backbone_logits)), None, backbone_logits
 
-        def greedy(prev, lg):
+        def greedy(prev, lg):  # prev: a target id; the slot's choice indexes the draft vocabulary
             lg = lg + markov_bias(cfg, params, prev[:, None])[:, 0]
-            tok = argmax(lg)
+            tok = to_target_ids(cfg, argmax(lg))
             return tok, (tok, lg)
 
         _, (toks, corrected) = jax.lax.scan(greedy, anchor.astype(jnp.int32), jnp.swapaxes(backbone_logits, 0, 1))
@@ -141,8 +141,8 @@ def sequential_proposals(cfg: DrafterConfig, params, backbone_logits: Array, anc
     def body(prev, xs):
         key, lg = xs
         lg = lg + markov_bias(cfg, params, prev[:, None])[:, 0]
-        tok = sample(key, lg, temperature, top_k, top_p)
-        return tok, (tok, probs(lg, temperature, top_k, top_p), lg)
+        tok = to_target_ids(cfg, sample(key, lg, temperature, top_k, top_p))
+        return tok, (tok, to_target_probs(cfg, probs(lg, temperature, top_k, top_p)), lg)
 
     _, (toks, q, corrected) = jax.lax.scan(body, anchor.astype(jnp.int32), (keys, jnp.swapaxes(backbone_logits, 0, 1)))
     sw = functools.partial(jnp.swapaxes, axis1=0, axis2=1)

@@ -63,17 +63,20 @@ class DraftLayers(nn.Module):
 
 
 class MarkovHead(nn.Module):
-    """DSpark's vanilla low-rank transition bias b = W2(W1[previous token])."""
+    """DSpark's vanilla low-rank transition bias b = W2(W1[previous token]). The previous token is a target
+    id (the anchor can be any token); the bias is over the draft vocabulary (`out_size`, the whole vocabulary
+    without one), so with a draft vocabulary W2 is [rank, K] and a slot's bias reads K·rank weights, not V·rank."""
 
     vocab_size: int
     rank: int
+    out_size: int
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, prev_tokens: Array) -> Array:
         w1 = nn.Embed(self.vocab_size, self.rank, param_dtype=self.param_dtype, name="markov_w1",
                       embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "rank")))
-        w2 = dense(self.vocab_size, "markov_w2", ("rank", "vocab"), use_bias=False, dtype=jnp.float32,
+        w2 = dense(self.out_size, "markov_w2", ("rank", "vocab"), use_bias=False, dtype=jnp.float32,
                    param_dtype=self.param_dtype)
         return w2(w1(prev_tokens).astype(jnp.float32)).astype(jnp.float32)
 
@@ -118,7 +121,7 @@ class Drafter(nn.Module):
         if c.carry_module == "projection":
             self.carry_proj = CarryProjection(bc.hidden_size, dt, pdt)
         if c.markov_rank:
-            self.markov_head = MarkovHead(bc.vocab_size, c.markov_rank, pdt)
+            self.markov_head = MarkovHead(bc.vocab_size, c.markov_rank, c.draft_vocab_size, pdt)
         if c.draft_vocab:
             self.lm_head = dense(len(c.draft_vocab), "lm_head", ("embed", "vocab"), use_bias=False, dtype=jnp.float32,
                                  param_dtype=pdt, products=products)
