@@ -4,6 +4,7 @@
 # newest checkpoint; a finished cycle is skipped). Usage: bash chain.sh CYCLES [RUN_DIR]   (from the repo root)
 # CODE=runs/code/data bash chain.sh CYCLES: every cycle also trains on that store (code-prompts-2026-12-06), its
 # cycles named cNcode_3600. EXTRA="STORE ..." ARM=NAME: these stores instead, the cycles named cN${ARM}_3600.
+# SETS="KEY=VALUE ...": more training settings on every cycle (e.g. drafter.kind=markov), with ARM to name the cycles.
 set -euo pipefail
 cycles=${1:?usage: chain.sh CYCLES [RUN_DIR]}
 run=${2:-runs/e18k}
@@ -11,11 +12,13 @@ common=(--config smollm2 --dtype bfloat16 --set "data.store=$run/data" --set dat
         --set data.store_kv=None)
 train=("${common[@]}")
 arm=""
-if [ -n "${CODE:-}" ]; then train+=(--set "data.extra_stores=$CODE"); arm=code; fi
+if [ -n "${CODE:-}" ]; then train+=(--set "data.extra_stores=$CODE"); arm=${ARM:-code}; fi
 if [ -n "${EXTRA:-}" ]; then
   list=$(printf "'%s', " $EXTRA)
   train+=(--set "data.extra_stores=[${list%, }]"); arm=${ARM:?EXTRA needs ARM}
 fi
+for kv in ${SETS:-}; do train+=(--set "$kv"); done
+if [ -n "${SETS:-}" ] && [ -z "${ARM:-}" ]; then echo "SETS needs ARM (the cycles' name)" >&2; exit 2; fi
 echo "$(date -u +%FT%TZ) prepare"
 carryover prepare "${common[@]}"
 prev=""
