@@ -4,8 +4,9 @@
 # steps from scratch, lr 1e-3, bf16, seed 42) with drafter.kind=markov (rank 256; the Markov recipe's own loss weights,
 # 0.1 CE + 0.9 L1 + KL, as in tau-levers-2026-12-03): offline τ on the same 534 rollouts, paired with that A/B's two
 # DFlash drafters (whose offline eval it reads), then the two seed-42 drafters online against AR in one process (run
-# that stage alone). Then the same at rank 64 (a quarter of the bias's bytes a slot). Resumable; from the repo root with the venv active, after
-# docs/experiments/sampled-replies-2026-12-07/ab.sh (its stores, drafters and eval, in runs/sampab):
+# that stage alone). Then the same at rank 64 (a quarter of the bias's bytes a slot). Resumable; from the repo root
+# with the venv active, after docs/experiments/sampled-replies-2026-12-07/ab.sh (its stores, drafters and eval, in
+# runs/sampab):
 #   bash docs/experiments/markov-draft-vocab-2026-12-07/ab.sh
 set -euo pipefail
 run=runs/markov8k
