@@ -23,9 +23,10 @@ TCFG = TargetConfig(family="qwen3", vocab_size=32, hidden_size=64, intermediate_
 LAYERS = (-1, 0, 2)
 
 
-def _dc(kind="dflash", layout="zlab", proposals=4):
+def _dc(kind="dflash", layout="zlab", proposals=4, draft_vocab=()):
     return DrafterConfig.for_target(TCFG, kind=kind, layout=layout, num_proposals=proposals, num_layers=1,
-                                    mask_token_id=0, target_layer_ids=LAYERS, markov_rank=8 if kind == "markov" else None)
+                                    mask_token_id=0, target_layer_ids=LAYERS, draft_vocab=draft_vocab,
+                                    markov_rank=8 if kind == "markov" else None)
 
 
 def _sc(dc, mode="dvd", **loss):
@@ -141,10 +142,12 @@ def test_carried_rows_are_the_rejected_verify_states():
     assert (acc == p).any() and (acc < p).any()
 
 
-@pytest.mark.parametrize("kind,layout", [("dflash", "zlab"),
-                                         pytest.param("markov", "deepspec", marks=pytest.mark.heavy)])
-def test_draft1_is_the_decode_time_drafter_and_control_is_a_baseline_step_at_shifted_anchors(kind, layout):
-    dc = _dc(kind, layout)
+@pytest.mark.parametrize("kind,layout,vocab", [("dflash", "zlab", ()),
+                                               pytest.param("markov", "deepspec", (), marks=pytest.mark.heavy),
+                                               pytest.param("markov", "zlab", tuple(range(1, 32, 2)),
+                                                            marks=pytest.mark.heavy)])
+def test_draft1_is_the_decode_time_drafter_and_control_is_a_baseline_step_at_shifted_anchors(kind, layout, vocab):
+    dc = _dc(kind, layout, draft_vocab=vocab)
     sc = _sc(dc, mode="control")
     tp = init_params(TCFG, jax.random.key(0))
     params = init_drafter_params(dc, jax.random.key(1))

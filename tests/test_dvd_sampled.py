@@ -28,9 +28,13 @@ N = 2000
 
 
 def _models(kind):
+    """`markov-vocab`: the Markov drafter over a draft vocabulary of 28 of the 32 ids."""
     tp = init_params(TCFG, jax.random.key(1))  # random: rounds end at every depth (a peaked target rejects all)
+    vocab = tuple(range(4, V)) if kind == "markov-vocab" else ()
+    kind = kind.removesuffix("-vocab")
     dc = DrafterConfig.for_target(TCFG, kind=kind, layout="zlab", num_proposals=P, num_layers=1, mask_token_id=0,
-                                  target_layer_ids=LAYERS, markov_rank=8 if kind == "markov" else None)
+                                  target_layer_ids=LAYERS, markov_rank=8 if kind == "markov" else None,
+                                  draft_vocab=vocab)
     return tp, dc, init_drafter_params(dc, jax.random.key(2))
 
 
@@ -72,7 +76,7 @@ def _engine_accepts(tp, dc, params, n):
     return np.asarray(s.accepted)[:, 0]
 
 
-@pytest.mark.parametrize("kind", ["dflash", "markov"])
+@pytest.mark.parametrize("kind", ["dflash", "markov", "markov-vocab"])
 def test_coupled_draft1_accepts_what_speculative_sampling_accepts(kind):
     tp, dc, params = _models(kind)
     got = np.asarray(_dvd_accepts(tp, dc, params, _recordings(tp, jax.random.key(3), N)))
