@@ -2,11 +2,11 @@
 # The code chain (online-epyc's chain.sh with the code store, as in code-prompts-2026-12-06) with the Markov head at
 # rank 64 over the 8,192-token draft vocabulary, then scored as the DFlash code chain's cycle 4 was: offline on the
 # held-out ShareGPT, HumanEval, MT-Bench and code prompts (paired by rollout with code-prompts' committed c4code
-# results), online on 64 prompts a set (run that stage alone). Resumable at every stage; from the repo root with the
-# venv active:   bash docs/experiments/markov-draft-vocab-2026-12-07/chain.sh
+# results), online on 64 prompts a set with the drafter in float32 and in bf16 (run those stages alone). Resumable at
+# every stage; from the repo root with the venv active:
+#   bash docs/experiments/markov-draft-vocab-2026-12-07/chain.sh
 # ~4 h of 2 EPYC cores after the greedy ShareGPT and code stores (~2 h from empty): four 3,600-step cycles, the evals.
 set -euo pipefail
-here=docs/experiments/markov-draft-vocab-2026-12-07
 [ -f runs/code/prompts.jsonl ] || \
   python docs/experiments/code-prompts-2026-12-06/make_prompts.py runs/code/prompts.jsonl 4096
 carryover prepare --config smollm2 --dtype bfloat16 --set data.source=runs/code/prompts.jsonl \
@@ -28,4 +28,8 @@ python docs/experiments/recorded-features-2026-12-07/pooled.py runs/e18k/eval_c4
 [ -f runs/e18k/online_c4codemk/results.json ] || carryover eval --drafter c4codemk=$d \
   --datasets sharegpt humaneval mtbench --prompts-per-dataset 64 --max-new-tokens 64 --temperatures 0 \
   --timing-repeats 2 --batch-sizes --out runs/e18k/online_c4codemk
+[ -f runs/e18k/online_c4codemk_bf16/results.json ] || carryover eval --drafter c4codemk=$d \
+  --drafter-dtype bfloat16 --drafter-param-dtype bfloat16 \
+  --datasets sharegpt humaneval mtbench --prompts-per-dataset 64 --max-new-tokens 64 --temperatures 0 \
+  --timing-repeats 2 --batch-sizes --out runs/e18k/online_c4codemk_bf16
 echo "$(date -u +%FT%TZ) done"
