@@ -32,6 +32,8 @@ VARIANTS = {
     "zlab": ("dflash", "zlab", "zlab", 0),
     "deepspec-markov": ("markov", "deepspec", "deepspec", 0),
     "native-draft-vocab": ("dflash", "zlab", "native", 40),
+    # 90 of the 97 ids (offset 3, so a draft index is never its token id); fewer left the trained Markov drafter's
+    # carried rows changing no round, which the test's last check requires of every variant
     "native-markov-draft-vocab": ("markov", "deepspec", "native", 90),
 }
 P = 4
