@@ -182,16 +182,36 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return np.asarray(jnp.asarray(x, jnp.float32).astype(jnp.bfloat16), np.float64)
 
 
+def test_bf16_values_round_to_nearest_even_as_a_convert_does():
+    """`layers.bf16_values` (integer ops XLA cannot fold away) against float32 -> bf16 -> float32 converts: ties
+    both ways, signs, subnormals, the largest values (rounding to inf), inf and NaN."""
+    from carryover_jax.models.layers import bf16_values
+
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([rng.integers(0, 2 ** 32, 20000, dtype=np.uint64),
+                           np.arange(0x3F800000, 0x3F820000, 0x4000, dtype=np.uint64) + 0x8000,  # ties
+                           np.arange(0, 0x20000, 0x7FFF, dtype=np.uint64),  # subnormals
+                           [0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0x80000000]]).astype(np.uint32)
+    x = bits.view(np.float32)
+    got = np.asarray(jax.jit(bf16_values)(jnp.asarray(x)))
+    want = np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32))
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
 def _ulps(got, want) -> np.ndarray:
     """|got - want| in units of bf16's spacing at want (8 bits of mantissa)."""
     spacing = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(want), 1e-30))) - 7)
     return np.abs(np.asarray(got, np.float64) - want) / spacing
 
 
-def test_cpu_bf16_rope_rounds_once(tiny_llama):
-    """On a CPU a bf16 model's q and k leave RoPE rounded once from the projections' float32 accumulators
-    (`Attention._rope`): within half a bf16 spacing (plus float32's error) of a float64 reference, where HF's form
-    (the projection rounded, every RoPE op rounding) is not; v is its projection rounded once, as in HF."""
+def test_cpu_bf16_rope_products_are_exact(tiny_llama):
+    """On a CPU a bf16 model's q and k leave RoPE as `apply_rope`'s `exact_bf16` form of the projections' float32
+    accumulators, bit for bit: the accumulator, cos and sin rounded to bf16 values (as HF rounds them), so both
+    products are exact in float32 and an FMA contraction (XLA CPU fuses one in some programs, not in others) cannot
+    change them, then the sum rounded once; HF's form (each product rounded) differs. v is its projection rounded
+    once, as in HF."""
     from carryover_jax.models.layers import Attention
     from carryover_jax.models.target import target_inv_freq
 
@@ -206,23 +226,21 @@ def test_cpu_bf16_rope_rounds_once(tiny_llama):
     q = jax.jit(lambda p, x, s: attn.apply({"params": p}, x, s, method=Attention.queries))(p, x, pos)
     k, v = jax.jit(lambda p, x, s: attn.apply({"params": p}, x, s, method=Attention.keys_values))(p, x, pos)
     assert q.dtype == k.dtype == v.dtype == jnp.bfloat16
+    acc = jax.jit(lambda p, x: attn.apply({"params": p}, x, method=lambda m, x: (m.q_proj(x), m.k_proj(x))))(p, x)
 
-    x64 = np.asarray(x, np.float64)
-    ang = np.arange(40, 49)[:, None] * np.asarray(target_inv_freq(c, 0), np.float64)[None]
-    cos, sin = (np.concatenate([f(ang), f(ang)], -1)[None, :, None] for f in (np.cos, np.sin))
+    freqs = np.arange(40, 49, dtype=np.float32)[:, None] * np.asarray(target_inv_freq(c, 0), np.float32)[None]
+    emb = jnp.asarray(np.concatenate([freqs, freqs], -1))
+    cos, sin = (_bf16(np.asarray(f(emb)))[None, :, None] for f in (jnp.cos, jnp.sin))
 
-    def head(name, heads):
-        return (x64 @ np.asarray(p[name]["kernel"], np.float64)).reshape(2, 9, heads, c.head_dim)
-
-    def rope(y, rounding):
+    def rope(y, each_product):
         half = y.shape[-1] // 2
         rot = np.concatenate([-y[..., half:], y[..., :half]], -1)
-        return rounding(rounding(y * rounding(cos)) + rounding(rot * rounding(sin)))
+        return _bf16(np.float32(each_product(y * cos) + each_product(rot * sin)))  # float64: exact products
 
-    for got, name, heads in ((q, "q_proj", c.num_heads), (jnp.swapaxes(k, 1, 2), "k_proj", c.num_kv_heads)):
-        y = head(name, heads)
-        want = rope(y, lambda a: a)
-        assert _ulps(got, want).max() <= 0.5 + 1e-2, name
-        assert _ulps(rope(_bf16(y), _bf16), want).max() > 0.5 + 1e-2, name  # HF's bf16 RoPE: several roundings
+    for got, y, heads in ((q, acc[0], c.num_heads), (jnp.swapaxes(k, 1, 2), acc[1], c.num_kv_heads)):
+        y = _bf16(np.asarray(y, np.float32).reshape(2, 9, heads, c.head_dim))
+        np.testing.assert_array_equal(np.asarray(got, np.float64), rope(y, lambda a: a))
+        assert not np.array_equal(np.asarray(got, np.float64), rope(y, _bf16))  # HF's bf16 RoPE: each product rounded
+    x64 = np.asarray(x, np.float64)
     want_v = (x64 @ np.asarray(p["v_proj"]["kernel"], np.float64)).reshape(2, 9, c.num_kv_heads, c.head_dim)
     assert _ulps(jnp.swapaxes(v, 1, 2), want_v).max() <= 0.5 + 1e-2

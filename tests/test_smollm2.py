@@ -73,3 +73,36 @@ def test_logits_match_transformers(smollm2):
     ours = np.asarray(jit_apply(smollm2.model)({"params": smollm2.params}, jnp.asarray([ids]))[0])
     assert np.max(np.abs(ours - ref)) < 2e-3
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_bf16_verification_rows_equal_ar_steps_bit_for_bit():
+    """Under bf16 on a CPU with its kernels, a verification's 4 rows (P = 3) give the logits of 4 one-token AR steps
+    over the same cache bit for bit, for blocks starting at every position across a 16-slot span of the cache (what
+    makes greedy speculative decoding commit AR's tokens). SmolLM2's 576-wide q rounded by a contracted FMA in the
+    AR step's program and not in the verification's (RoPE in float32 on the float32 accumulators) parted them at 5
+    of these 16 blocks; a tiny model's few q values rarely show it."""
+    import jax
+    import jax.numpy as jnp
+
+    from carryover_jax import generate, load_target
+    from carryover_jax.decode import autoregressive as ar
+    from carryover_jax.models import cpu_attention, cpu_products
+    from carryover_jax.models.target import TargetLM
+
+    if not (cpu_attention.available() and cpu_products.available()):
+        pytest.skip("no C++ compiler for the CPU kernels")
+    t = load_target("smollm2", dtype="bfloat16")
+    cfg, params = t.cfg, t.params
+    prompt = t.encode(PROMPTS[0])
+    seq = prompt + generate(t, [prompt], max_new_tokens=24)[0].token_ids
+    block_fwd = jax.jit(lambda p, c, x: TargetLM(cfg).apply({"params": p}, x, cache=c)[0])
+    for n in range(len(prompt), min(len(prompt) + 16, len(seq) - 4)):
+        cache, _ = ar.prefill(cfg, params, jnp.asarray([seq[:n] + [0] * (64 - n)], jnp.int32), jnp.asarray([n]),
+                              max_len=128)
+        block = jnp.asarray([seq[n:n + 4]], jnp.int32)
+        many = np.asarray(block_fwd(params, cache, block), np.float32)[0]
+        rows, c = [], cache
+        for i in range(4):
+            lg, c = ar.step(cfg, params, c, block[:, i])
+            rows.append(np.asarray(lg, np.float32))
+        np.testing.assert_array_equal(many, np.concatenate(rows), err_msg=f"block at {n}")

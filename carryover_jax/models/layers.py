@@ -146,12 +146,27 @@ def rope_inv_freq(head_dim: int, theta: float, rope_type: str = "default", facto
     return inv.astype(np.float32)
 
 
-def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray) -> Array:
-    """x: [B, T, H, D]; positions: [B, T] int. HF rotate_half layout."""
+def bf16_values(x: Array) -> Array:
+    """float32 x rounded to the nearest bf16 value (ties to even), still float32, by integer ops: XLA may drop a
+    float32 -> bf16 -> float32 convert pair (excess precision) in one program and keep it in another."""
+    u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    u = (u + jnp.uint32(0x7FFF) + ((u >> 16) & 1)) & jnp.uint32(0xFFFF0000)
+    return jnp.where(jnp.isnan(x), x, jax.lax.bitcast_convert_type(u, jnp.float32))
+
+
+def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray, exact_bf16: bool = False) -> Array:
+    """x: [B, T, H, D]; positions: [B, T] int. HF rotate_half layout. `exact_bf16` (x float32): x, cos and sin as
+    bf16 values, so each product is exact in float32 and the sum the only rounding, then that sum rounded to a bf16
+    value. XLA CPU contracts `x * cos + rotated * sin` into an FMA in some fusions and not others (an AR step's
+    program did, a verification's did not), and float32 products made the two round a query differently."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
     emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, T, D]
     cos = jnp.cos(emb)[:, :, None, :].astype(x.dtype)
     sin = jnp.sin(emb)[:, :, None, :].astype(x.dtype)
+    if exact_bf16:
+        x, cos, sin = bf16_values(x), bf16_values(cos), bf16_values(sin)
+        half = x.shape[-1] // 2
+        return bf16_values(x * cos + jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin)
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rotated * sin
@@ -570,15 +585,17 @@ class Attention(nn.Module):
         return self._rope(q, positions)
 
     def _rope(self, x: Array, positions: Array) -> Array:
-        """RoPE of a projection's float32 accumulator (or a normed head), in the compute dtype. On CPU computed in
-        float32 and rounded once: XLA CPU runs bf16 elementwise ops as float32 ones rounding after each, and a bf16
-        RoPE fused with the head-major transpose took ~10x a float32 one (a bf16 SmolLM2 prefill runs 1.12x as fast).
+        """RoPE of a projection's float32 accumulator (or a normed head), in the compute dtype. On CPU in float32 on
+        the bf16 values (`apply_rope`'s `exact_bf16`: a query's rounding the same in a verification as in an AR
+        step), rounded once: XLA CPU runs bf16 elementwise ops as float32 ones rounding after each, and a bf16 RoPE
+        fused with the head-major transpose took ~10x a float32 one (a bf16 SmolLM2 prefill runs 1.12x as fast).
         Elsewhere in the compute dtype, as HF does (a GPU fuses it)."""
         inv = np.asarray(self.inv_freq, np.float32)
         if jnp.dtype(self.dtype) == jnp.float32:
             return apply_rope(x, positions, inv)
         return jax.lax.platform_dependent(
-            cpu=lambda: apply_rope(x.astype(jnp.float32), positions, inv).astype(self.dtype),
+            cpu=lambda: apply_rope(x.astype(jnp.float32), positions, inv,
+                                   exact_bf16=jnp.dtype(self.dtype) == jnp.bfloat16).astype(self.dtype),
             default=lambda: apply_rope(x.astype(self.dtype), positions, inv))
 
     def keys_values(self, x: Array, positions: Array) -> tuple[Array, Array]:
