@@ -165,11 +165,10 @@ def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray, exact_bf16: boo
     sin = jnp.sin(emb)[:, :, None, :].astype(x.dtype)
     if exact_bf16:
         x, cos, sin = bf16_values(x), bf16_values(cos), bf16_values(sin)
-        half = x.shape[-1] // 2
-        return bf16_values(x * cos + jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin)
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rotated * sin
+    out = x * cos + rotated * sin
+    return bf16_values(out) if exact_bf16 else out
 
 
 # ---- attention core ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 from carryover_jax.decode.generate import generate, speculative_generate
-from carryover_jax.eval.paired import paired_bootstrap
+from carryover_jax.eval.paired import speed_ratio
 from carryover_jax.eval.run import load_items
 from carryover_jax.loading import load_drafter, load_target
 
@@ -60,20 +60,13 @@ with open(out, "w") as f:
     json.dump({"drafter": path, "max_new_tokens": max_new, "repeats": reps, "rows": rows}, f, indent=1)
 
 
-def ci(x, w):
-    """Σ w·x / Σ w over prompts with its 95% interval (x a prompt's time ratio, w the denominator's time)."""
-    x, w = np.array([x]), np.array([w])
-    b = paired_bootstrap(x, np.ones_like(x), wa=w, wb=w)
-    if b["gain_pct_ci"] is None:  # too few prompts for an interval
-        return f"{1 + b['gain_pct'] / 100:.3f}"
-    lo, hi = (1 + g / 100 for g in b["gain_pct_ci"])
-    return f"{1 + b['gain_pct'] / 100:.3f} [{lo:.3f}, {hi:.3f}]"
+def ratio(num_arm, den_arm, rs, t=lambda r, a: float(np.mean(r["time"][a]))):
+    """Σ num / Σ den over prompts (a prompt's repeats averaged) with its 95% interval over prompts."""
+    return fmt(*speed_ratio([t(r, num_arm) for r in rs], [t(r, den_arm) for r in rs]))
 
 
-def ratio(num_arm, den_arm, rs):
-    """Σ num / Σ den over prompts, a prompt's repeats averaged."""
-    t = lambda r, a: float(np.mean(r["time"][a]))
-    return ci([t(r, num_arm) / t(r, den_arm) for r in rs], [t(r, den_arm) for r in rs])
+def fmt(r, lo, hi):
+    return f"{r:.3f}" if lo is None else f"{r:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 print("\n| dataset | prompts | τ float32 / bf16 | shared greedy prefix | speedup float32 | speedup bf16 | "
@@ -83,7 +76,7 @@ for ds in sorted({r["dataset"] for r in rows}) + ["all"]:
     rs = [r for r in rows if ds == "all" or r["dataset"] == ds]
     tau = {m: sum(r[f"new_tokens_{m}"] - 1 for r in rs) / sum(r[f"rounds_{m}"] for r in rs) for m in ("f32", "bf16")}
     shared = np.mean([r["shared_prefix"] / r["new_tokens_f32"] for r in rs])
-    aa = ci([r["time"]["ar_f32"][0] / r["time"]["ar_f32"][1] for r in rs], [r["time"]["ar_f32"][1] for r in rs])
+    aa = fmt(*speed_ratio([r["time"]["ar_f32"][0] for r in rs], [r["time"]["ar_f32"][1] for r in rs]))
     print(f"| {ds} | {len(rs)} | {tau['f32']:.3f} / {tau['bf16']:.3f} | {shared:.0%} | "
           f"{ratio('ar_f32', 'sp_f32', rs)} | {ratio('ar_bf16', 'sp_bf16', rs)} | {ratio('ar_bf16', 'ar_f32', rs)} | "
           f"{ratio('sp_bf16', 'sp_f32', rs)} | {ratio('ar_f32', 'sp_bf16', rs)} | {aa} |")
