@@ -206,6 +206,36 @@ def _ulps(got, want) -> np.ndarray:
     return np.abs(np.asarray(got, np.float64) - want) / spacing
 
 
+def test_cpu_bf16_rope_passes_gradients_like_float32(tiny_llama):
+    """The exact-product RoPE's roundings are integer ops; differentiated as converts are, q_proj's and k_proj's
+    gradients through a bf16 model's RoPE on CPU follow the float32 model's (integer ops alone: all zero)."""
+    from carryover_jax.models.layers import Attention, bf16_values
+    from carryover_jax.models.target import target_inv_freq
+
+    np.testing.assert_array_equal(jax.grad(lambda x: bf16_values(x).sum())(jnp.arange(5.0) / 3), np.ones(5))
+    c = load_target(tiny_llama.path, tokenizer=False, dtype="bfloat16").cfg
+    p32 = load_target(tiny_llama.path, tokenizer=False).params["layers"]["0"]["self_attn"]
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.normal(size=(2, 9, c.hidden_size)), jnp.float32)
+    pos = jnp.broadcast_to(jnp.arange(40, 49, dtype=jnp.int32), (2, 9))
+    grads = {}
+    for dt in (jnp.float32, jnp.bfloat16):
+        attn = Attention(embed_dim=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+                         head_dim=c.head_dim, inv_freq=target_inv_freq(c, 0), eps=c.rms_norm_eps, dtype=dt,
+                         param_dtype=dt, products="stream")
+
+        def loss(p, attn=attn, dt=dt):
+            q = attn.apply({"params": p}, x.astype(dt), pos, method=Attention.queries)
+            k, _ = attn.apply({"params": p}, x.astype(dt), pos, method=Attention.keys_values)
+            return jnp.sum(q.astype(jnp.float32) ** 2) + jnp.sum(k.astype(jnp.float32) ** 2)
+
+        g = jax.jit(jax.grad(loss))(jax.tree.map(lambda a, dt=dt: a.astype(dt), p32))
+        grads[dt] = {n: np.asarray(g[n]["kernel"], np.float64).ravel() for n in ("q_proj", "k_proj")}
+    for n in ("q_proj", "k_proj"):
+        a, b = grads[jnp.float32][n], grads[jnp.bfloat16][n]
+        assert np.linalg.norm(b) > 0 and a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.99, n
+
+
 def test_cpu_bf16_rope_products_are_exact(tiny_llama):
     """On a CPU a bf16 model's q and k leave RoPE as `apply_rope`'s `exact_bf16` form of the projections' float32
     accumulators, bit for bit: the accumulator, cos and sin rounded to bf16 values (as HF rounds them), so both

@@ -146,12 +146,17 @@ def rope_inv_freq(head_dim: int, theta: float, rope_type: str = "default", facto
     return inv.astype(np.float32)
 
 
+@jax.custom_jvp
 def bf16_values(x: Array) -> Array:
     """float32 x rounded to the nearest bf16 value (ties to even), still float32, by integer ops: XLA may drop a
-    float32 -> bf16 -> float32 convert pair (excess precision) in one program and keep it in another."""
+    float32 -> bf16 -> float32 convert pair (excess precision) in one program and keep it in another. Differentiated
+    as a convert is (the tangent passes through): the integer ops alone would give every input a zero gradient."""
     u = jax.lax.bitcast_convert_type(x, jnp.uint32)
     u = (u + jnp.uint32(0x7FFF) + ((u >> 16) & 1)) & jnp.uint32(0xFFFF0000)
     return jnp.where(jnp.isnan(x), x, jax.lax.bitcast_convert_type(u, jnp.float32))
+
+
+bf16_values.defjvp(lambda primals, tangents: (bf16_values(*primals), tangents[0]))
 
 
 def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray, exact_bf16: bool = False) -> Array:
