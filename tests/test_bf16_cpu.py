@@ -206,6 +206,27 @@ def _ulps(got, want) -> np.ndarray:
     return np.abs(np.asarray(got, np.float64) - want) / spacing
 
 
+def test_float32_exact_rope_is_rope_to_float32_rounding_and_differentiates_as_it():
+    """`apply_rope(..., exact="float32")` (the CPU's float32 RoPE: 12-bit halves, exact products, a fixed sum) against
+    a float64 RoPE of the same float32 inputs: within 2 float32 spacings; its gradient that of the plain form."""
+    from carryover_jax.models.layers import apply_rope
+
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.normal(size=(2, 7, 3, 16)) * 4, jnp.float32)
+    pos = jnp.asarray(rng.integers(0, 5000, size=(2, 7)), jnp.int32)
+    inv = (1.0 / 10000.0 ** (np.arange(0, 16, 2) / 16)).astype(np.float32)
+    got = np.asarray(jax.jit(lambda x, p: apply_rope(x, p, inv, exact="float32"))(x, pos), np.float64)
+    emb = np.asarray(pos, np.float32)[..., None] * inv
+    emb = jnp.asarray(np.concatenate([emb, emb], -1))
+    cos, sin = (np.asarray(f(emb), np.float64)[:, :, None] for f in (jnp.cos, jnp.sin))
+    x64 = np.asarray(x, np.float64)
+    want = x64 * cos + np.concatenate([-x64[..., 8:], x64[..., :8]], -1) * sin
+    assert np.all(np.abs(got - want) <= 2 * np.spacing(np.abs(want).astype(np.float32)))
+    r = jnp.asarray(rng.normal(size=x.shape), jnp.float32)
+    g = [jax.grad(lambda x, e=e: jnp.sum(apply_rope(x, pos, inv, exact=e) * r))(x) for e in ("float32", None)]
+    np.testing.assert_allclose(g[0], g[1], rtol=1e-6, atol=1e-6)
+
+
 def test_cpu_bf16_rope_passes_gradients_like_float32(tiny_llama):
     """The exact-product RoPE's roundings are integer ops; differentiated as converts are, q_proj's and k_proj's
     gradients through a bf16 model's RoPE on CPU follow the float32 model's (integer ops alone: all zero)."""
@@ -237,7 +258,7 @@ def test_cpu_bf16_rope_passes_gradients_like_float32(tiny_llama):
 
 
 def test_cpu_bf16_rope_products_are_exact(tiny_llama):
-    """On a CPU a bf16 model's q and k leave RoPE as `apply_rope`'s `exact_bf16` form of the projections' float32
+    """On a CPU a bf16 model's q and k leave RoPE as `apply_rope`'s `exact="bfloat16"` form of the projections' float32
     accumulators, bit for bit: the accumulator, cos and sin rounded to bf16 values (as HF rounds them), so both
     products are exact in float32 and an FMA contraction (XLA CPU fuses one in some programs, not in others) cannot
     change them, then the sum rounded once; HF's form (each product rounded) differs. v is its projection rounded

@@ -75,12 +75,13 @@ def test_logits_match_transformers(smollm2):
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
 
 
-def test_bf16_verification_rows_equal_ar_steps_bit_for_bit():
-    """Under bf16 on a CPU with its kernels, a verification's 4 rows (P = 3) give the logits of 4 one-token AR steps
-    over the same cache bit for bit, for blocks starting at every position across a 16-slot span of the cache (what
-    makes greedy speculative decoding commit AR's tokens). SmolLM2's 576-wide q rounded by a contracted FMA in the
-    AR step's program and not in the verification's (RoPE in float32 on the float32 accumulators) parted them at 5
-    of these 16 blocks; a tiny model's few q values rarely show it."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_verification_rows_equal_ar_steps_bit_for_bit(dtype):
+    """On a CPU with its kernels, a verification's 4 rows (P = 3) give the logits of 4 one-token AR steps over the
+    same cache bit for bit, for blocks starting at every position across a 16-slot span of the cache (what makes
+    greedy speculative decoding commit AR's tokens). RoPE's `x * cos + rotated * sin`, contracted into an FMA in
+    the AR step's program and not in the verification's, parted them before its products were exact: in bf16 at 5
+    of these 16 blocks (a query value's rounding, now and then), in float32 at every row (~2e-5)."""
     import jax
     import jax.numpy as jnp
 
@@ -91,7 +92,7 @@ def test_bf16_verification_rows_equal_ar_steps_bit_for_bit():
 
     if not (cpu_attention.available() and cpu_products.available()):
         pytest.skip("no C++ compiler for the CPU kernels")
-    t = load_target("smollm2", dtype="bfloat16")
+    t = load_target("smollm2", dtype=dtype)
     cfg, params = t.cfg, t.params
     prompt = t.encode(PROMPTS[0])
     seq = prompt + generate(t, [prompt], max_new_tokens=24)[0].token_ids

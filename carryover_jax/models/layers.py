@@ -159,21 +159,33 @@ def bf16_values(x: Array) -> Array:
 bf16_values.defjvp(lambda primals, tangents: (bf16_values(*primals), tangents[0]))
 
 
-def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray, exact_bf16: bool = False) -> Array:
-    """x: [B, T, H, D]; positions: [B, T] int. HF rotate_half layout. `exact_bf16` (x float32): x, cos and sin as
-    bf16 values, so each product is exact in float32 and the sum the only rounding, then that sum rounded to a bf16
-    value. XLA CPU contracts `x * cos + rotated * sin` into an FMA in some fusions and not others (an AR step's
-    program did, a verification's did not), and float32 products made the two round a query differently."""
+def _halves(x: Array) -> tuple[Array, Array]:
+    """float32 x as hi + lo, hi its sign, exponent and top 12 bits of mantissa, lo the rest: a product of two such
+    halves is exact in float32. hi is a bit mask (no gradient), lo = x - hi carries x's."""
+    hi = jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0xFFFFF000),
+                                      jnp.float32)
+    return hi, x - hi
+
+
+def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray, exact: str | None = None) -> Array:
+    """x: [B, T, H, D]; positions: [B, T] int. HF rotate_half layout. XLA CPU contracts `x * cos + rotated * sin`
+    into an FMA in some fusions and not others (an AR step's program did, a verification's did not), so with inexact
+    float32 products the two round a query differently. `exact` (x float32) makes every product exact, and so the
+    sum the same either way: "bfloat16" takes x, cos and sin as bf16 values and rounds the sum to one; "float32"
+    splits each factor into 12-bit halves and sums their exact products in a fixed order."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
     emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, T, D]
     cos = jnp.cos(emb)[:, :, None, :].astype(x.dtype)
     sin = jnp.sin(emb)[:, :, None, :].astype(x.dtype)
-    if exact_bf16:
+    if exact == "bfloat16":
         x, cos, sin = bf16_values(x), bf16_values(cos), bf16_values(sin)
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    if exact == "float32":
+        (xh, xl), (ch, cl), (rh, rl), (sh, sl) = (_halves(a) for a in (x, cos, rotated, sin))
+        return (xh * ch + rh * sh) + (xh * cl + xl * ch + rh * sl + rl * sh) + (xl * cl + rl * sl)
     out = x * cos + rotated * sin
-    return bf16_values(out) if exact_bf16 else out
+    return bf16_values(out) if exact == "bfloat16" else out
 
 
 # ---- attention core ----------------------------------------------------------------------------
@@ -589,17 +601,18 @@ class Attention(nn.Module):
         return self._rope(q, positions)
 
     def _rope(self, x: Array, positions: Array) -> Array:
-        """RoPE of a projection's float32 accumulator (or a normed head), in the compute dtype. On CPU in float32 on
-        the bf16 values (`apply_rope`'s `exact_bf16`: a query's rounding the same in a verification as in an AR
-        step), rounded once: XLA CPU runs bf16 elementwise ops as float32 ones rounding after each, and a bf16 RoPE
-        fused with the head-major transpose took ~10x a float32 one (a bf16 SmolLM2 prefill runs 1.12x as fast).
-        Elsewhere in the compute dtype, as HF does (a GPU fuses it)."""
+        """RoPE of a projection's float32 accumulator (or a normed head), in the compute dtype. On CPU with exact
+        products (`apply_rope`'s `exact`: a query's rounding the same in a verification as in an AR step); in bf16
+        in float32 on the bf16 values, rounded once: XLA CPU runs bf16 elementwise ops as float32 ones rounding
+        after each, and a bf16 RoPE fused with the head-major transpose took ~10x a float32 one (a bf16 SmolLM2
+        prefill runs 1.12x as fast). Elsewhere as HF does, in the compute dtype (a GPU fuses it)."""
         inv = np.asarray(self.inv_freq, np.float32)
         if jnp.dtype(self.dtype) == jnp.float32:
-            return apply_rope(x, positions, inv)
+            return jax.lax.platform_dependent(cpu=lambda: apply_rope(x, positions, inv, exact="float32"),
+                                              default=lambda: apply_rope(x, positions, inv))
+        exact = "bfloat16" if jnp.dtype(self.dtype) == jnp.bfloat16 else None
         return jax.lax.platform_dependent(
-            cpu=lambda: apply_rope(x.astype(jnp.float32), positions, inv,
-                                   exact_bf16=jnp.dtype(self.dtype) == jnp.bfloat16).astype(self.dtype),
+            cpu=lambda: apply_rope(x.astype(jnp.float32), positions, inv, exact=exact).astype(self.dtype),
             default=lambda: apply_rope(x.astype(self.dtype), positions, inv))
 
     def keys_values(self, x: Array, positions: Array) -> tuple[Array, Array]:

@@ -1,7 +1,8 @@
 """The bf16 prefill's RoPE fusions alone (as bf16-rope-2026-12-06's `rope_fusions.py`: SmolLM2's shapes for a
 sub-batch of 8 prompts of 100 tokens, each form jitted, the median of 200 calls, the forms rotated over 3 rounds):
-RoPE in float32 on the accumulator rounded once (2026-12-06's form) against `apply_rope`'s `exact_bf16` form (the
-accumulator, cos and sin rounded to bf16 values by integer ops, the sum rounded the same way).
+RoPE in float32 on the accumulator rounded once (2026-12-06's form) against `apply_rope`'s `exact="bfloat16"` form (the
+accumulator, cos and sin rounded to bf16 values by integer ops, the sum rounded the same way); for a float32 model,
+the plain form against `exact="float32"` (12-bit halves, exact products, a fixed sum).
 
     python rope_fusions.py"""
 import time
@@ -32,12 +33,18 @@ k32 = jnp.asarray(r.standard_normal((800, 192)), jnp.float32)
 pos = jnp.asarray(np.broadcast_to(np.arange(100), (8, 100)), jnp.int32)
 inv = (1.0 / 100000.0 ** (np.arange(0, 64, 2) / 64)).astype(np.float32)
 forms = {}
-for exact in (False, True):
-    tag = "exact_bf16" if exact else "float32, rounded once"
+for exact in (None, "bfloat16"):
+    tag = "exact bf16 products" if exact else "float32, rounded once"
     forms[f"queries, {tag}, widened for the kernel"] = (jax.jit(lambda q, p, e=exact: to_kernel(
-        apply_rope(q.reshape(8, 100, 9, 64), p, inv, exact_bf16=e).astype(bf).astype(jnp.float32))), q32)
+        apply_rope(q.reshape(8, 100, 9, 64), p, inv, exact=e).astype(bf).astype(jnp.float32))), q32)
     forms[f"keys, {tag}, to bits, head-major"] = (jax.jit(lambda k, p, e=exact: bits(
-        apply_rope(k.reshape(8, 100, 3, 64), p, inv, exact_bf16=e).astype(bf)).transpose(0, 2, 1, 3)), k32)
+        apply_rope(k.reshape(8, 100, 3, 64), p, inv, exact=e).astype(bf)).transpose(0, 2, 1, 3)), k32)
+for exact in (None, "float32"):  # a float32 model: q for the kernel, k to the float32 cache
+    tag = "exact float32 products" if exact else "plain"
+    forms[f"float32 queries, {tag}, for the kernel"] = (jax.jit(lambda q, p, e=exact: to_kernel(
+        apply_rope(q.reshape(8, 100, 9, 64), p, inv, exact=e))), q32)
+    forms[f"float32 keys, {tag}, head-major"] = (jax.jit(lambda k, p, e=exact: apply_rope(
+        k.reshape(8, 100, 3, 64), p, inv, exact=e).transpose(0, 2, 1, 3)), k32)
 times = {name: [] for name in forms}
 for _ in range(3):
     for name, (f, x) in forms.items():
