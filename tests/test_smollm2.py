@@ -96,8 +96,9 @@ def test_verification_rows_equal_ar_steps_bit_for_bit(dtype):
     cfg, params = t.cfg, t.params
     prompt = t.encode(PROMPTS[0])
     seq = prompt + generate(t, [prompt], max_new_tokens=24)[0].token_ids
+    assert len(seq) >= len(prompt) + 20 and len(prompt) + 16 <= 64  # 16 blocks, each prefix in the 64-slot bucket
     block_fwd = jax.jit(lambda p, c, x: TargetLM(cfg).apply({"params": p}, x, cache=c)[0])
-    for n in range(len(prompt), min(len(prompt) + 16, len(seq) - 4)):
+    for n in range(len(prompt), len(prompt) + 16):
         cache, _ = ar.prefill(cfg, params, jnp.asarray([seq[:n] + [0] * (64 - n)], jnp.int32), jnp.asarray([n]),
                               max_len=128)
         block = jnp.asarray([seq[n:n + 4]], jnp.int32)
