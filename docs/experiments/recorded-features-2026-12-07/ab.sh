@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
-# prepare with the feature pass (OLD: a checkout of the commit before recorded features) against prepare with the
-# features recorded by generation (this checkout), the recipe's settings, the same first N ShareGPT prompts into
-# fresh stores, whole processes alternated old/new/new/old. Usage, from the repo root with the venv active:
-#   OLD=/path/to/old/checkout bash docs/experiments/recorded-features-2026-12-07/ab.sh [N] [RUN_DIR]
+# prepare with the feature pass against prepare with the features recorded by generation (this checkout), the
+# recipe's settings, the same first N ShareGPT prompts into fresh stores, whole processes alternated
+# old/new/new/old. The "old" arm is OLD, a checkout of the commit before recorded features, or without OLD this
+# checkout with `--set data.feature_pass=true`. DTYPE: prepare's numerics (bfloat16, the recipe's; or float32).
+# Usage, from the repo root with the venv active:
+#   [OLD=/path/to/old/checkout] [DTYPE=float32] bash docs/experiments/recorded-features-2026-12-07/ab.sh [N] [RUN_DIR]
 set -euo pipefail
 n=${1:-384}
 run=$(realpath -m "${2:-runs/recab}")
 new=$(pwd)
-old=${OLD:?set OLD to a checkout of the commit before recorded features}
+old=${OLD:-$new}
+dtype=${DTYPE:-bfloat16}
+old_sets=()
+[ -n "${OLD:-}" ] || old_sets=(--set data.feature_pass=true)
 mkdir -p "$run"
-arm() {  # arm name, checkout, store
-  rm -rf "$3"
+arm() {  # arm name, checkout, store, extra settings...
+  local name=$1 dir=$2 store=$3
+  shift 3
+  rm -rf "$store"
   local t0 t1
   t0=$(date +%s.%N)
-  (cd "$2" && python -c "import sys; from carryover_jax.cli import main; sys.exit(main())" prepare --config smollm2 \
-    --dtype bfloat16 --set "data.store=$3" --set "data.max_prompts=$n" --set data.store_kv=None --quiet)
+  (cd "$dir" && python -c "import sys; from carryover_jax.cli import main; sys.exit(main())" prepare --config smollm2 \
+    --dtype "$dtype" --set "data.store=$store" --set "data.max_prompts=$n" --set data.store_kv=None "$@" --quiet)
   t1=$(date +%s.%N)
-  echo "$1 $(python -c "print(f'{$t1 - $t0:.1f}')") s $(date -u +%FT%TZ)" | tee -a "$run/times.txt"
+  echo "$name $(python -c "print(f'{$t1 - $t0:.1f}')") s $(date -u +%FT%TZ)" | tee -a "$run/times.txt"
 }
-arm old1 "$old" "$run/old1"
+arm old1 "$old" "$run/old1" "${old_sets[@]}"
 arm new1 "$new" "$run/new1"
 arm new2 "$new" "$run/new2"
-arm old2 "$old" "$run/old2"
+arm old2 "$old" "$run/old2" "${old_sets[@]}"
