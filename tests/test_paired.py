@@ -169,3 +169,42 @@ def test_rotated_rounds_and_their_speed_ratio():
     x, lo, hi = speed_ratio(fast, fast[::-1])
     assert lo < 1.0 < hi
     assert speed_ratio([1.0], [2.0])[1:] == (None, None)
+
+
+def test_speedup_interval_is_the_reports_speedup_over_prompts():
+    """`speedup_interval` bounds the report's speedup over AR (a ratio of summed times per summed tokens): a
+    constant per-prompt speedup gives a point interval; noisy prompts give the interval of a slow bootstrap loop
+    over the same statistic (widened a little by the expanded percentile); the report prints it at one seed; too
+    few prompts timed in both give none."""
+    from carryover_jax.eval.paired import expanded_tail, speedup_interval
+
+    rng = np.random.default_rng(3)
+    n = 40
+    tokens = rng.integers(20, 64, n)
+    ar_t = tokens * rng.uniform(0.018, 0.022, n) + rng.uniform(0.1, 0.3, n)  # a prompt's prefill, then its tokens
+    arm_t = ar_t / rng.normal(1.45, 0.2, n)
+
+    def log_of(arm_times):
+        return [r for i in range(n) for r in (
+            _rec("ar", "a", f"p{i}", 0.0, 0, int(tokens[i]), [ar_t[i]] * 2),
+            _rec("m", "a", f"p{i}", 0.0, 0, int(tokens[i]), [arm_times[i]] * 2, [1, 2, 0]))]
+
+    assert speedup_interval(log_of(ar_t / 1.5), "m", 0.0) == pytest.approx([1.5, 1.5])
+    log = log_of(arm_t)
+    lo, hi = speedup_interval(log, "m", 0.0)
+    point = ar_t.sum() / arm_t.sum()  # equal tokens: the ratio of the summed times
+    drafters = [{"label": "m", "carryover": False, "num_proposals": 3, "path": "m"}]
+    cell = M.summarize(log, drafters)["temperatures"]["0"]["datasets"]["all"]["m"]
+    assert cell["speedup"] == pytest.approx(point) and cell["speedup_interval"] == [lo, hi]
+    slow = np.random.default_rng(7)
+    ratios = []
+    for _ in range(4000):
+        i = slow.integers(0, n, n)
+        ratios.append(ar_t[i].sum() / arm_t[i].sum())
+    tail = expanded_tail(n)
+    ref_lo, ref_hi = np.percentile(ratios, [tail, 100 - tail])
+    assert lo < point < hi and abs(lo - ref_lo) < 0.015 and abs(hi - ref_hi) < 0.015, (lo, hi, ref_lo, ref_hi)
+    md = render_markdown({"drafters": drafters, "log": log, "summary": M.summarize(log, drafters)})
+    assert f"| **all** | 0 | {point:.2f}x [{lo:.2f}, {hi:.2f}] |" in md
+    few = [r for r in log if r["mode"] == "ar" or int(r["prompt"][1:]) < MIN_PROMPTS - 1]
+    assert speedup_interval(few, "m", 0.0) is None

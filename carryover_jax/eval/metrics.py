@@ -26,7 +26,7 @@ import math
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
-from carryover_jax.eval.paired import paired_comparisons
+from carryover_jax.eval.paired import paired_comparisons, speedup_interval
 from carryover_jax.eval.stats import t_quantile_975
 
 # two-sided 95% Student-t quantiles t_{0.975}(df), df = 1..30
@@ -166,6 +166,8 @@ def summarize(log: list[dict], drafters: list[dict]) -> dict[str, Any]:
                 cell[d["label"]] = {
                     "tau": t, "tau_ci": t_ci, "tau_per_seed": taus, "tau_committed": mean_ci(taus_c)[0],
                     "speedup": sp, "speedup_ci": sp_ci, "speedup_per_seed": speeds,
+                    "speedup_interval": (speedup_interval(log, d["label"], T, dsel)
+                                         if sp is not None and len(seeds) == 1 else None),
                     "speedup_decode": dc, "speedup_decode_ci": dc_ci,
                     "tokens_per_s": tp, "tokens_per_s_ci": tp_ci,
                     "rounds": sum(r["rounds"] for r in recs), "seeds": len(taus),

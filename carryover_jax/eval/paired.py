@@ -170,6 +170,35 @@ def speed_ratio(secs_a, secs_b) -> tuple[float, float | None, float | None]:
     return 1 + cmp["gain_pct"] / 100, lo, hi
 
 
+def speedup_interval(log: list[dict], label: str, T: float, dataset: str | None = None) -> list[float] | None:
+    """The 95% interval of the report's speedup of arm `label` over AR at temperature T (`metrics.speedup`: AR's
+    time per token over the arm's, each a ratio of sums) on `dataset` (None: the mix), over the prompts timed in
+    both: `paired_bootstrap` of the two arms' times per token weighted by their tokens, whose means are those ratios
+    of sums, so its gain is the speedup − 1. With several seeds a prompt pools them (the table shows their mean ±
+    instead). None below MIN_PROMPTS such prompts."""
+    recs = [r for r in log if r["temperature"] == T and dataset in (None, r["dataset"])]
+    by_key = {(r["mode"], r["dataset"], r["prompt"], r["seed"]): r for r in recs}
+    prompts = list(dict.fromkeys((r["dataset"], r["prompt"]) for r in recs if r["mode"] == label))
+    if len(prompts) < MIN_PROMPTS:
+        return None
+    cols: list[list[list]] = [[], [], [], []]  # [AR, arm] time per token and tokens, each [seed][prompt]
+    for s in sorted({r["seed"] for r in recs}):
+        row: list[list] = [[], [], [], []]
+        for ds, pid in prompts:
+            pair = by_key.get(("ar", ds, pid, s)), by_key.get((label, ds, pid, s))
+            ok = all(r is not None and r["new_tokens"] > 0 and r["time_s"] > 0 for r in pair)
+            for k, r in enumerate(pair):
+                row[2 * k].append(r["time_s"] / r["new_tokens"] if ok else None)
+                row[2 * k + 1].append(r["new_tokens"] if ok else None)
+        for col, values in zip(cols, row):
+            col.append(values)
+    t_ar, n_ar, t_arm, n_arm = _complete(*cols)
+    if t_ar.shape[1] < MIN_PROMPTS:
+        return None
+    ci = paired_bootstrap(t_ar, t_arm, wa=n_ar, wb=n_arm)["gain_pct_ci"]
+    return None if ci is None else [1 + g / 100 for g in ci]
+
+
 def _complete(*arrays):
     """Keep the prompts where every array has a value for every seed: float arrays [seeds, prompts(, ...)]."""
     n = len(arrays[0][0])

@@ -10,12 +10,14 @@ from carryover_jax.eval.metrics import accept_histogram, acceptance_profile, res
 from carryover_jax.eval.paired import MIN_PROMPTS, MIN_TIMING_REPEATS
 
 
-def _num(x, digits=2, ci=None, suffix=""):
+def _num(x, digits=2, ci=None, suffix="", interval=None):
     if x is None:
         return "-"
     s = f"{x:.{digits}f}{suffix}"
     if ci is not None:
         s += f" ± {ci:.{digits}f}"
+    elif interval is not None:
+        s += f" [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
     return s
 
 
@@ -53,7 +55,8 @@ def _main_table(summary, drafters, metric: str, title: str, digits: int, suffix:
             row = [f"**{ds}**" if ds == "all" else ds, T]
             for lab in labels:
                 c = cell.get(lab)
-                row.append(_num(c[metric], digits, c.get(f"{metric}_ci"), suffix) if c else "-")
+                row.append(_num(c[metric], digits, c.get(f"{metric}_ci"), suffix, c.get(f"{metric}_interval"))
+                           if c else "-")
             for key in gains:
                 row.append(_pct(gmap.get(key, {}).get(ds, {}).get(f"{metric}_pct")))
             lines.append("| " + " | ".join(row) + " |")
@@ -99,7 +102,8 @@ def render_markdown(result: dict[str, Any]) -> str:
                  f"{'ON' if d['carryover'] else 'off'}")
     L += ["", "τ = mean of (accepted + 1) over all verification rounds, micro-averaged over the prompts of a "
               "dataset (**all** = the mix). Speedup = AR time per output token / speculative time per output "
-              "token, same prompts, batch 1, same run (compile time excluded). At T > 0: mean over seeds "
+              "token, same prompts, batch 1, same run (compile time excluded); with one seed [its 95% interval], the "
+              "paired bootstrap over prompts (`eval/paired.speedup_interval`). At T > 0: mean over seeds "
               "± the half-width of a 95% Student-t interval. Gains are relative (Carryover arm vs each arm "
               "without carried rows).", ""]
     L += _main_table(summary, drafters, "tau", "Acceptance length τ", 3)
