@@ -7,7 +7,7 @@
 #      ShareGPT training prompt (13,562 records) and to 2,455 HumanEval-shaped code prompts (`data.source=pycode`);
 #   2. CYCLES x STEPS steps of the 2-layer drafter with the Markov head at rank 64 over the 8,192-token draft
 #      vocabulary, 3 proposals, on both stores: cycle 1 from scratch at lr 1e-3, each later one from the one before
-#      at 3e-4 (held-out τ by cycle: 1.714, 1.797, 1.863, 1.914, 1.954);
+#      at 3e-4 (held-out τ by cycle there, 622 rollouts with held-out code prompts: 1.714, 1.797, 1.863, 1.914, 1.954);
 #   3. held-out τ offline on every held-out ShareGPT, HumanEval and MT-Bench prompt, then the speedup over AR online
 #      at batch 1 (float32 target, bf16 drafter; each speedup with its 95% interval over prompts).
 # ~7 h on 2 EPYC cores from empty (prepare ~2 h, a cycle ~48 min, the evals ~30 min).
