@@ -180,9 +180,11 @@ def test_speedup_interval_is_the_reports_speedup_over_prompts():
 
     rng = np.random.default_rng(3)
     n = 40
-    tokens = rng.integers(20, 64, n)
+    tokens = rng.integers(8, 64, n)
     ar_t = tokens * rng.uniform(0.018, 0.022, n) + rng.uniform(0.1, 0.3, n)  # a prompt's prefill, then its tokens
-    arm_t = ar_t / rng.normal(1.45, 0.2, n)
+    # longer replies gain more (the prefill weighs less), so only the token-weighted statistic is the table's: an
+    # unweighted mean of times per token would put the interval ~0.15 lower
+    arm_t = ar_t / (0.8 + 1.2 * tokens / 64 + rng.normal(0, 0.1, n))
 
     def log_of(arm_times):
         return [r for i in range(n) for r in (
@@ -203,7 +205,7 @@ def test_speedup_interval_is_the_reports_speedup_over_prompts():
         ratios.append(ar_t[i].sum() / arm_t[i].sum())
     tail = expanded_tail(n)
     ref_lo, ref_hi = np.percentile(ratios, [tail, 100 - tail])
-    assert lo < point < hi and abs(lo - ref_lo) < 0.015 and abs(hi - ref_hi) < 0.015, (lo, hi, ref_lo, ref_hi)
+    assert lo < point < hi and abs(lo - ref_lo) < 0.01 and abs(hi - ref_hi) < 0.01, (lo, hi, ref_lo, ref_hi)
     md = render_markdown({"drafters": drafters, "log": log, "summary": M.summarize(log, drafters)})
     assert f"| **all** | 0 | {point:.2f}x [{lo:.2f}, {hi:.2f}] |" in md
     few = [r for r in log if r["mode"] == "ar" or int(r["prompt"][1:]) < MIN_PROMPTS - 1]
