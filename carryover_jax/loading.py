@@ -14,6 +14,7 @@ from carryover_jax.config import MASK_TOKEN_IDS, DrafterConfig, TargetConfig
 from carryover_jax.errors import CarryoverError, CheckpointError, RequestError, first_line
 from carryover_jax.io import read_json
 from carryover_jax.models.drafter import check_pair, frozen_from_target, init_drafter_params, with_draft_head
+from carryover_jax.models.greedy_head import HeadScreen, head_screen
 from carryover_jax.models.target import TargetLM, abstract_params
 from carryover_jax.numerics import Numerics
 from carryover_jax.weights import drafter_formats
@@ -31,10 +32,19 @@ class Target:
     tokenizer: Any = None
     path: Path | None = None
     stop_token_ids: tuple[int, ...] = ()
+    # (params, screen): `greedy_screen`'s, built for the params object it holds
+    _screen: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
     def model(self) -> TargetLM:
         return TargetLM(self.cfg)
+
+    def greedy_screen(self) -> HeadScreen | None:
+        """The screen of the head's greedy tokens (`models/greedy_head.py`; None where it does not apply), built
+        once for these params and again if `params` is replaced."""
+        if self._screen is None or self._screen[0] is not self.params:
+            self._screen = (self.params, head_screen(self.cfg, self.params))
+        return self._screen[1]
 
     def encode(self, prompt: str | Sequence[dict], *, chat: bool = True) -> list[int]:
         """A prompt (or a list of chat messages) -> token ids, through the chat template if any."""

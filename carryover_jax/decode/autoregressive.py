@@ -18,9 +18,10 @@ import jax.numpy as jnp
 
 from carryover_jax import numerics
 from carryover_jax.config import TargetConfig
-from carryover_jax.decode.sampling import is_stop, sample
+from carryover_jax.decode.sampling import is_stop, sample, sample_hidden
 from carryover_jax.models.cache import KVCache
 from carryover_jax.models import cpu_logsumexp
+from carryover_jax.models.greedy_head import HeadScreen, greedy_tokens
 from carryover_jax.models.target import TargetLM, head_logsumexp, new_cache
 
 Array = jax.Array
@@ -74,6 +75,15 @@ def step(cfg: TargetConfig, params, cache: KVCache, tokens: Array, active: Array
     return logits[:, 0], new
 
 
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
+def greedy_step(cfg: TargetConfig, params, cache: KVCache, tokens: Array, screen: HeadScreen | None = None):
+    """`step`'s greedy form: tokens [B] -> (the argmax tokens [B], cache), through the head's `screen` where given
+    (`models/greedy_head.py`): the same tokens as `argmax(step(...)[0])`."""
+    _, new, _, normed = TargetLM(cfg).apply({"params": params}, tokens[:, None], cache=cache, with_hidden=True,
+                                            logits=False)
+    return greedy_tokens(cfg, params, screen, normed[:, 0]), new
+
+
 @flax.struct.dataclass
 class ARState:
     cache: KVCache
@@ -100,16 +110,24 @@ def start_state(first_logits, cache, *, rng, temperature, max_new, stop_ids, out
 
 
 def ar_body(cfg: TargetConfig, params, s: ARState, *, temperature, max_new, stop_ids, top_k=0, top_p=1.0,
-            record: tuple[int, ...] = ()) -> ARState:
-    """One step. With `record`, a row's last token is fed once more after it stops, for its features."""
+            record: tuple[int, ...] = (), screen: HeadScreen | None = None) -> ARState:
+    """One step. With `record`, a row's last token is fed once more after it stops, for its features. With the
+    head's `screen` (and no `record`, which keeps the logits' log-sum-exp) a step whose rows are all greedy takes
+    its tokens without the float32 head (`models/greedy_head.py`)."""
     active = ~s.done
+    screened = screen is not None and not record
     res = TargetLM(cfg).apply({"params": params}, s.last[:, None], cache=s.cache, tap_layers=record,
-                              with_hidden=bool(record))
+                              with_hidden=bool(record) or screened, logits=not screened)
     logits, new = res[0], res[1]
     fed = (s.fed < s.num_out) if record else active
     cache = new.with_lengths(s.cache.lengths + fed.astype(jnp.int32))
     rng, sub = jax.random.split(s.rng)
-    tok = sample(sub, logits[:, 0], temperature, top_k, top_p)
+    if screened:
+        tok = sample_hidden(sub, res[3][:, 0], lambda h: TargetLM(cfg).apply({"params": params}, h,
+                                                                             method=TargetLM.head),
+                            lambda h: greedy_tokens(cfg, params, screen, h), temperature, top_k, top_p)
+    else:
+        tok = sample(sub, logits[:, 0], temperature, top_k, top_p)
     idx = jnp.minimum(s.num_out, s.out.shape[1] - 1)
     write = jnp.where(active, tok, s.out[jnp.arange(tok.shape[0]), idx])
     out = s.out.at[jnp.arange(tok.shape[0]), idx].set(write)
@@ -135,9 +153,10 @@ def ar_body(cfg: TargetConfig, params, s: ARState, *, temperature, max_new, stop
 )
 def generate_loop(cfg: TargetConfig, params, cache: KVCache, first_logits: Array, rng: Array, temperature: Array,
                   max_new: Array, stop_ids: Array, *, out_size: int, top_k: int = 0, top_p: float = 1.0,
-                  record: tuple[int, ...] = ()) -> ARState:
+                  record: tuple[int, ...] = (), screen: HeadScreen | None = None) -> ARState:
     """All decoding after prefill in one `lax.while_loop` (no host round-trips). With `record` (feature
-    layer ids) the state's `recorded` holds each generated token's features: one step more than without."""
+    layer ids) the state's `recorded` holds each generated token's features: one step more than without.
+    `screen`: the head's (`Target.greedy_screen`), for the greedy steps."""
     kw = dict(temperature=temperature, max_new=max_new, stop_ids=stop_ids, top_k=top_k, top_p=top_p)
     buffers = None
     if record:
@@ -146,4 +165,4 @@ def generate_loop(cfg: TargetConfig, params, cache: KVCache, first_logits: Array
                            jnp.zeros((b, out_size, d), jnp.bfloat16), jnp.zeros((b, out_size), jnp.float32))
     s0 = start_state(first_logits, cache, rng=rng, out_size=out_size, recorded=buffers, **kw)
     more = (lambda s: jnp.any(s.fed < s.num_out)) if record else (lambda s: ~jnp.all(s.done))
-    return jax.lax.while_loop(more, lambda s: ar_body(cfg, params, s, record=record, **kw), s0)
+    return jax.lax.while_loop(more, lambda s: ar_body(cfg, params, s, record=record, screen=screen, **kw), s0)

@@ -44,6 +44,11 @@ def _compiled_count() -> int | None:
         return None
 
 
+def _screen(target):
+    """The target's greedy-head screen (`Target.greedy_screen`; None for a target given as another object)."""
+    return target.greedy_screen() if hasattr(target, "greedy_screen") else None
+
+
 def _as_list(x, n, name):
     if isinstance(x, (list, tuple, np.ndarray)):
         if len(x) != n:
@@ -216,7 +221,7 @@ def generate(
     state = ar.generate_loop(
         cfg, params, cache, first_logits, jax.random.key(seed), jnp.asarray(temps, jnp.float32),
         jnp.asarray(max_new, jnp.int32), _stop_array(stops), out_size=out_size, top_k=top_k, top_p=top_p,
-        record=record,
+        record=record, screen=_screen(target),
     )
     out, num, recs = jax.device_get((state.out, state.num_out, (*prompt_rec, state.recorded) if record else None))
     t2 = time.perf_counter()
@@ -300,12 +305,12 @@ def speculative_generate(
             toks, q, state = sp.draft_step(sc, tp, dparams, state)
             jax.block_until_ready(toks)
             tb = time.perf_counter()
-            state = sp.verify_step(sc, tp, dparams, state, toks, q)
+            state = sp.verify_step(sc, tp, dparams, state, toks, q, screen=_screen(target))
             jax.block_until_ready(state.num_out)
             draft_s += tb - ta
             verify_s += time.perf_counter() - tb
     else:
-        state = sp.generate_loop(sc, tp, dparams, state)
+        state = sp.generate_loop(sc, tp, dparams, state, _screen(target))
     out, num_out, rounds, accepted = jax.device_get((state.out, state.num_out, state.rounds, state.accepted))
     t2 = time.perf_counter()
     results = [_generation(target, ids[i], out[i], num_out[i], stops, {

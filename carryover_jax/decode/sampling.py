@@ -92,3 +92,10 @@ def sample(rng: Array, logits: Array, temperature: Array, top_k: int = 0, top_p:
         return jax.lax.cond(jnp.any(temperature > 0), both, lambda r, lg, t: argmax(lg), rng, logits, temperature)
 
     return jax.lax.platform_dependent(rng, logits, temperature, cpu=cpu, default=both)
+
+
+def sample_hidden(rng: Array, h: Array, head, greedy, temperature: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
+    """`sample(rng, head(h), temperature, ...)` where `greedy(h)` gives the argmax tokens without the logits: a batch
+    with no sampling row takes `greedy(h)` (a `lax.cond`; CPU programs only, as `sample`'s)."""
+    return jax.lax.cond(jnp.any(temperature > 0), lambda: sample(rng, head(h), temperature, top_k, top_p),
+                        lambda: greedy(h))

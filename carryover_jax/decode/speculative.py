@@ -31,6 +31,7 @@ from carryover_jax.decode.sampling import is_stop, probs, sample
 from carryover_jax.errors import RequestError
 from carryover_jax.models.cache import KVCache
 from carryover_jax.models.drafter import Drafter, frozen_from_target
+from carryover_jax.models.greedy_head import greedy_tokens
 from carryover_jax.models.target import TargetLM, new_cache
 from carryover_jax.numerics import argmax, categorical
 
@@ -199,8 +200,9 @@ def draft_step(sc: SpecConfig, target_params, draft_params, s: SpecState):
     return toks, q, s.replace(rng=rng)
 
 
-def accept(sc: SpecConfig, logits, proposals, q, temperature, rng):
-    """Accepted count a [B] and correction/bonus token y [B].
+def accept(sc: SpecConfig, logits, proposals, q, temperature, rng, tgt=None):
+    """Accepted count a [B] and correction/bonus token y [B]. `tgt` [B, P+1]: the greedy tokens of the rows where
+    the caller has them without the logits (`models/greedy_head.py`).
 
     Greedy: the longest prefix with d_i == argmax p_{i-1}; y = argmax p_a. Sampling: lossless
     rejection sampling (accept d_i w.p. min(1, p(d_i)/q(d_i)); on the first rejection y ~ norm(max(p-q, 0)),
@@ -209,7 +211,7 @@ def accept(sc: SpecConfig, logits, proposals, q, temperature, rng):
     """
     P = proposals.shape[1]
     if not sc.sampling:
-        tgt = argmax(logits)
+        tgt = argmax(logits) if tgt is None else tgt
         a = jnp.sum(jnp.cumprod(proposals == tgt[:, :P], axis=1), axis=1).astype(jnp.int32)
         return a, jnp.take_along_axis(tgt, a[:, None], axis=1)[:, 0]
     p = probs(logits, temperature[:, None], sc.top_k, sc.top_p)  # [B, P+1, V]
@@ -228,18 +230,22 @@ def accept(sc: SpecConfig, logits, proposals, q, temperature, rng):
     return a, y.astype(jnp.int32)
 
 
-def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals, q, decided=None):
+def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals, q, decided=None, screen=None):
     """`decided` = (a, y) replaces the acceptance test: a replay of a recorded sequence (eval/replay.py)
-    commits its tokens through the engine's own verify, commit and carry."""
+    commits its tokens through the engine's own verify, commit and carry. `screen`: the target head's
+    (`Target.greedy_screen`): a greedy verification takes the rows' argmax tokens without the float32 head."""
     P = sc.P
     b = proposals.shape[0]
     active = ~s.done
     chunk = jnp.concatenate([s.anchor[:, None], proposals], axis=1)
-    logits, tcache, taps = TargetLM(sc.target).apply(
-        {"params": target_params}, chunk, cache=s.target_cache, tap_layers=sc.drafter.target_layer_ids)
+    greedy = screen is not None and not sc.sampling
+    res = TargetLM(sc.target).apply({"params": target_params}, chunk, cache=s.target_cache,
+                                    tap_layers=sc.drafter.target_layer_ids, with_hidden=greedy, logits=not greedy)
+    logits, tcache, taps = res[:3]
+    tgt = greedy_tokens(sc.target, target_params, screen, res[3]) if greedy else None  # [B, P+1]
     rows = D.fuse_rows(sc.drafter, draft_params, jnp.concatenate(taps, axis=-1))  # [B, P+1, d], fused once
     rng, sub = jax.random.split(s.rng)
-    a, y = accept(sc, logits, proposals, q, s.temperature, sub) if decided is None else decided
+    a, y = accept(sc, logits, proposals, q, s.temperature, sub, tgt) if decided is None else decided
 
     # tokens committed this round: d_1..d_a, y — cut at a stop token and at max_new
     j = jnp.arange(P + 1)[None, :]
@@ -268,7 +274,7 @@ def _verify(sc: SpecConfig, target_params, draft_params, s: SpecState, proposals
             carried = D.mark_carried(sc.drafter, draft_params, jnp.take_along_axis(rows, idx[..., None], axis=1))
         else:  # verify index i >= 1 holds d_i = proposals[i - 1]; the target's greedy token there is its argmax
             toks = (jnp.take_along_axis(proposals, idx - 1, axis=1) if sc.carry == "draft_tokens"
-                    else jnp.take_along_axis(argmax(logits), idx, axis=1)).astype(jnp.int32)
+                    else jnp.take_along_axis(argmax(logits) if tgt is None else tgt, idx, axis=1)).astype(jnp.int32)
             carried = Drafter(sc.drafter).apply({"params": draft_params}, toks,
                                                 frozen_from_target(target_params, sc.target),
                                                 method=Drafter.fuse_carried).astype(s.carried.dtype)
@@ -290,12 +296,13 @@ verify_step = jax.jit(_verify, static_argnames=("sc",), donate_argnames=("s",))
 verify_step.__doc__ = "(state, proposals, q) -> state after acceptance, commit, rollback and carry"
 
 
-def _round(sc, target_params, draft_params, s):
+def _round(sc, target_params, draft_params, s, screen=None):
     toks, q, rng = _draft(sc, target_params, draft_params, s)
-    return _verify(sc, target_params, draft_params, s.replace(rng=rng), toks, q)
+    return _verify(sc, target_params, draft_params, s.replace(rng=rng), toks, q, screen=screen)
 
 
 @functools.partial(jax.jit, static_argnames=("sc",), donate_argnames=("s",))
-def generate_loop(sc: SpecConfig, target_params, draft_params, s: SpecState) -> SpecState:
-    """Rounds until every row is done, in one `lax.while_loop` (no host round-trips)."""
-    return jax.lax.while_loop(lambda st: ~jnp.all(st.done), lambda st: _round(sc, target_params, draft_params, st), s)
+def generate_loop(sc: SpecConfig, target_params, draft_params, s: SpecState, screen=None) -> SpecState:
+    """Rounds until every row is done, in one `lax.while_loop` (no host round-trips). `screen`: `_verify`'s."""
+    return jax.lax.while_loop(lambda st: ~jnp.all(st.done),
+                              lambda st: _round(sc, target_params, draft_params, st, screen), s)

@@ -30,6 +30,7 @@
 // pairs: one chain of pairs), the chunks' sums added in order. So a token's products in a P + 1-row verification
 // equal, bit for bit, its products in a one-row AR step, and a row's products are the same at any batch size.
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -581,6 +582,109 @@ ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ff
   return ffi::Error::Success();
 }
 
+
+// The argmax of a tied head's float32 logits y[m, :] = x[m] . e^T, screened through its bf16 copy (the greedy token of
+// an AR step or of each verified row, without the float32 head's whole stream). a[m, n] = bf16(x[m]) . eb[n] by pairs
+// lies within b[m, n] = c |x[m]| |e[n]| (+ a tiny absolute slack) of y[m, n] as the float32 kernel computes it: x and
+// e rounded to bf16 (2^-8 each, so 2^-7 + 2^-16 relative on each product, which is exact in float32), both sums'
+// float32 rounding (gamma_{K+1} each) and Cauchy-Schwarz for sum |x_k e_k|. Every n whose y could be the row's
+// largest has a[m, n] + b[m, n] >= max_n' (a[m, n'] - b[m, n']); those few n (1-30 of SmolLM2's 49,152 at its
+// hidden states) get y[m, n] by `rows_block`'s float32 operations (the bits the full head has, whatever the row
+// count), and the first n with the largest y wins, as an argmax over the full head does. A row whose |x| or bound
+// is not finite gets -1 (the caller takes the full head's argmax there).
+#ifdef CARRYOVER_BF16_PAIRS
+ffi::Error HeadArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::BF16> xb,
+                      ffi::Buffer<ffi::F32> e, ffi::Buffer<ffi::BF16> eb, ffi::Buffer<ffi::F32> norms,
+                      ffi::ResultBuffer<ffi::S32> y) {
+  const auto xd = x.dimensions(), ed = e.dimensions();
+  const auto xbd = xb.dimensions(), ebd = eb.dimensions();
+  if (xd.size() != 2 || ed.size() != 2 || xbd.size() != 2 || ebd.size() != 2 || xbd[0] != xd[0] || xbd[1] != xd[1] ||
+      ebd[0] != ed[0] || ebd[1] != ed[1] || xd[1] != ed[1] ||
+      norms.dimensions().size() != 1 || norms.dimensions()[0] != ed[0] || y->dimensions().size() != 1 ||
+      y->dimensions()[0] != xd[0])
+    return ffi::Error::InvalidArgument("cpu_head_argmax: x [M, K] (and its bf16), e [N, K] (and its bf16), |e| [N]");
+  const int64_t M = xd[0], K = xd[1], N = ed[0];
+  int32_t* out = y->typed_data();
+  if (M == 0) return ffi::Error::Success();
+  if (N == 0 || K == 0) {
+    for (int64_t m = 0; m < M; ++m) out[m] = N == 0 ? -1 : 0;
+    return ffi::Error::Success();
+  }
+  const float* xs = x.typed_data();
+  const float* es = e.typed_data();
+  const float* wn = norms.typed_data();
+  const uint16_t* xbs = reinterpret_cast<const uint16_t*>(xb.typed_data());
+  const uint16_t* ebs = reinterpret_cast<const uint16_t*>(eb.typed_data());
+  const int64_t threads = pool.num_threads() < 1 ? 1 : pool.num_threads();
+  thread_local std::vector<float> approx;
+  approx.resize(size_t(kMaxRows) * N);
+  static constexpr auto table = pair_fns<true>(std::make_index_sequence<kMaxRows>());
+  const double u = std::ldexp(1.0, -24), gamma = (K + 1) * u / (1 - (K + 1) * u);
+  // 1e-3 over the bound covers the rounding of |x|, |e| and of the bound's own products and sums
+  const double c = (std::ldexp(1.0, -7) + std::ldexp(1.0, -16) + 2.1 * gamma) * 1.001;
+  float most = 0;
+  for (int64_t n = 0; n < N; ++n) most = wn[n] > most ? wn[n] : most;
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {  // 8 rows of x for each stream of eb
+    const int64_t rows = M - m0 < kMaxRows ? M - m0 : kMaxRows;
+    by_chunks<true>(pool, table[rows - 1], xbs + m0 * K, ebs, approx.data(), rows, K, N, threads);
+    for (int64_t m = m0; m < m0 + rows; ++m) {
+      const float* xm = xs + m * K;
+      const float* a = approx.data() + (m - m0) * N;
+      double ss = 0;
+      for (int64_t k = 0; k < K; ++k) ss += double(xm[k]) * xm[k];
+      const double norm = std::sqrt(ss);
+      const float r = float(c * norm), slack = float(norm * most * 1e-6 + 1e-30);
+      if (!std::isfinite(r) || !std::isfinite(slack)) {
+        out[m] = -1;
+        continue;
+      }
+      const __m512 rv = _mm512_set1_ps(r), sv = _mm512_set1_ps(slack);
+      __m512 lo = _mm512_set1_ps(-INFINITY);
+      int64_t n = 0;
+      for (; n + 16 <= N; n += 16)  // max(a - b): NaN lanes never win a max_ps against a number
+        lo = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(a + n), _mm512_fmadd_ps(rv, _mm512_loadu_ps(wn + n), sv)),
+                           lo);
+      float thr = _mm512_reduce_max_ps(lo);
+      for (; n < N; ++n) {
+        const float t = a[n] - (r * wn[n] + slack);
+        thr = t > thr ? t : thr;
+      }
+      if (!std::isfinite(thr)) {
+        out[m] = -1;
+        continue;
+      }
+      const __m512 tv = _mm512_set1_ps(thr);
+      int32_t best = -1;
+      float top = 0;
+      bool bad = false;
+      auto exact = [&](int64_t j) {
+        float v;
+        rows_block<float, 1, 1>(xm, es + j * K, &v, K, 1, 0, false);
+        if (std::isnan(v)) bad = true;
+        else if (best < 0 || v > top) best = int32_t(j), top = v;
+      };
+      for (n = 0; n + 16 <= N; n += 16) {
+        __mmask16 hit = _mm512_cmp_ps_mask(
+            _mm512_add_ps(_mm512_loadu_ps(a + n), _mm512_fmadd_ps(rv, _mm512_loadu_ps(wn + n), sv)), tv, _CMP_GE_OQ);
+        while (hit) {
+          exact(n + __builtin_ctz(hit));
+          hit &= hit - 1;
+        }
+      }
+      for (; n < N; ++n)
+        if (a[n] + (r * wn[n] + slack) >= thr) exact(n);
+      out[m] = bad ? -1 : best;
+    }
+  }
+  return ffi::Error::Success();
+}
+#else
+ffi::Error HeadArgmax(ffi::ThreadPool, ffi::Buffer<ffi::F32>, ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::F32>,
+                      ffi::Buffer<ffi::BF16>, ffi::Buffer<ffi::F32>, ffi::ResultBuffer<ffi::S32>) {
+  return ffi::Error::InvalidArgument("cpu_head_argmax: this build has no avx512_bf16 pairs");
+}
+#endif
+
 }  // namespace
 
 #define CARRYOVER_BIND(T)            \
@@ -594,6 +698,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuProducts, (Products<false, ffi::F32>),
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuProductsRows, (Products<true, ffi::F32>), CARRYOVER_BIND(F32));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuProductsBf16, (Products<false, ffi::BF16>), CARRYOVER_BIND(BF16));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuProductsRowsBf16, (Products<true, ffi::BF16>), CARRYOVER_BIND(BF16));
+
+// the greedy token of a tied float32 head, screened by its bf16 copy: x, bf16(x), e, bf16(e), |e| -> int32 [M]
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CarryoverCpuHeadArgmax, HeadArgmax,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());
 
 // What the bf16 products run on this build (cpu_products.py routes bf16 rows by it): 1 by vdpbf16ps pairs (w [K, N]
 // at any number of rows, e [N, K] at 1-8), 0 widened to float32 (1-8 rows)

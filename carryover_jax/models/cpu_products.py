@@ -88,6 +88,25 @@ def _products_bwd(layout, res, g):
 
 products.defvjp(_products_fwd, _products_bwd)
 
+HEAD_ARGMAX = ("CarryoverCpuHeadArgmax", "carryover_cpu_head_argmax_v1")
+
+
+@functools.cache
+def head_argmax_available() -> bool:
+    """Whether `head_argmax` runs here: the kernel built with avx512_bf16 pairs and registered (once)."""
+    return bf16_pairs() and cpu_kernels.register({HEAD_ARGMAX[1]: HEAD_ARGMAX[0]},
+                                                 "the screened greedy head falls back to the float32 head")
+
+
+def head_argmax(x: jax.Array, e: jax.Array, e_bf16: jax.Array, e_norms: jax.Array) -> jax.Array:
+    """x [M, K] float32 against a tied head e [N, K] float32 -> int32 [M]: the first index of each row's largest
+    logit, as the float32 kernel computes the logits (`products(x, e, "nk")`, bit for bit), found through the head's
+    bf16 copy `e_bf16` and its rows' norms `e_norms` [N] (the kernel's docstring in `cpu_products.cc`); -1 for a row
+    whose logits are not finite. CPU only (`head_argmax_available`)."""
+    out = jax.ShapeDtypeStruct((x.shape[0],), jnp.int32)
+    call = jax.ffi.ffi_call(HEAD_ARGMAX[1], out, vmap_method="sequential")
+    return call(x, x.astype(jnp.bfloat16), e, e_bf16, e_norms)
+
 
 def layout_of(lhs, rhs, dimension_numbers) -> str | None:
     """"kn" / "nk" for a `dot_general` the kernel computes: float32 or bf16 operands (both the same), a

@@ -245,6 +245,7 @@ class TargetLM(nn.Module):
         tap_layers: tuple[int, ...] = (),
         logit_indices: Array | None = None,
         with_hidden: bool = False,
+        logits: bool = True,
     ):
         """tokens [B, T] -> (logits, new_cache, taps); with `with_hidden` a fourth, the final-normed hidden
         state [B, T, d] at every chunk index (what a response store keeps beside the taps).
@@ -253,7 +254,9 @@ class TargetLM(nn.Module):
         cache has `lengths + T` (callers move `lengths` back for padding or rejected tokens).
         `positions` default to those slots. Without a cache the chunk attends causally to itself
         (and `mask` [B, T, T], if given, is and-ed in). `logit_indices` [B, K] computes logits
-        only at those chunk indices (prefill needs one per row, not a [B, T, V] tensor).
+        only at those chunk indices (prefill needs one per row, not a [B, T, V] tensor). `logits=False` skips
+        the head (the first output is None): a greedy step takes its tokens from the hidden state
+        (`models/greedy_head.py`).
         """
         b, t = tokens.shape
         for l in tap_layers:
@@ -277,9 +280,11 @@ class TargetLM(nn.Module):
         pick = (lambda x: x) if logit_indices is None else (
             lambda x: jnp.take_along_axis(x, logit_indices[:, :, None], axis=1))
         normed = self.norm(h) if with_hidden else None  # the default path norms only the picked rows
-        logits = self.head(pick(normed) if with_hidden else self.norm(pick(h)))
+        out = None
+        if logits:
+            out = self.head(pick(normed) if with_hidden else self.norm(pick(h)))
         new_cache = None if cache is None else KVCache(k=ks, v=vs, lengths=cache.lengths + t)
-        return (logits, new_cache, taps, normed) if with_hidden else (logits, new_cache, taps)
+        return (out, new_cache, taps, normed) if with_hidden else (out, new_cache, taps)
 
 
 def head_columns(cfg: TargetConfig, params, ids: Array) -> Array:
