@@ -1,0 +1,125 @@
+"""The screened greedy head (`models/greedy_head.py`, `cpu_products.cc` `HeadArgmax`): the argmax of the float32 head
+as the float32 kernel computes its logits, against that head's own argmax and float64 numpy, where bf16 rounding
+reorders the approximate logits, at exact ties and one-ulp gaps, for non-finite rows; and greedy decoding through it
+(AR and speculative, a tied target) against decoding through the full head."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from carryover_jax import generate, load_target
+from carryover_jax.config import DrafterConfig
+from carryover_jax.decode import generate as G
+from carryover_jax.decode.generate import speculative_generate
+from carryover_jax.models import cpu_products as cp
+from carryover_jax.models.drafter import init_drafter_params
+from carryover_jax.models.greedy_head import MAX_ROWS, greedy_tokens, head_screen
+from carryover_jax.models.target import TargetLM
+from carryover_jax.numerics import argmax
+
+pytestmark = pytest.mark.skipif(not cp.head_argmax_available(), reason="needs the CPU kernel with avx512_bf16")
+
+
+def _screened(x, e):
+    e = jnp.asarray(e, jnp.float32)
+    norms = jnp.sqrt(jnp.sum(e * e, axis=-1))
+    return np.asarray(jax.jit(cp.head_argmax)(jnp.asarray(x, jnp.float32), e, e.astype(jnp.bfloat16), norms))
+
+
+def _logits(x, e):
+    return np.asarray(jax.jit(cp.products, static_argnums=2)(jnp.asarray(x), jnp.asarray(e), "nk"))
+
+
+def _full(x, e):
+    return np.asarray(jax.jit(lambda x, e: argmax(cp.products(x, e, "nk")))(jnp.asarray(x, jnp.float32),
+                                                                           jnp.asarray(e, jnp.float32)))
+
+
+@pytest.mark.parametrize("k,n", [(576, 3001), (70, 517), (16, 1)])
+def test_screened_argmax_is_the_float32_heads_for_any_row_count(k, n):
+    rng = np.random.default_rng(k)
+    e = rng.normal(size=(n, k)).astype(np.float32) * 0.05
+    for rows in (1, 3, 8, 11):
+        x = rng.normal(size=(rows, k)).astype(np.float32) * 3
+        got = _screened(x, e)
+        assert got.tolist() == _full(x, e).tolist()
+        assert got.tolist() == np.argmax(x.astype(np.float64) @ e.T.astype(np.float64), axis=1).tolist()
+
+
+def test_bf16_rounding_that_reorders_the_logits_by_4_does_not_move_the_token():
+    """x and row 0 lie just below bf16 rounding midpoints (both round down: its approximate logit is 2^-7 under its
+    float32 one, the most the rounding allows); row 1's entries round up, so its bf16 logit leads row 0's by 4 where
+    its float32 logit trails by 0.5. A bound short of ~0.6 of the rounding's would drop row 0 from the candidates."""
+    k = 576
+    below = np.float32(1 + 2 ** -8 - 2 ** -20)  # rounds down to 1 in bf16
+    above = np.float32(1 + 2 ** -8 + 2 ** -20)  # rounds up to 1 + 2^-7
+    x = np.full((1, k), below, np.float32)
+    e = np.stack([np.full(k, below), np.r_[np.full(k - 1, above), 0.5], np.full(k, 0.25)]).astype(np.float32)
+    exact = x.astype(np.float64) @ e.T.astype(np.float64)
+    approx = np.asarray(jnp.dot(jnp.asarray(x, jnp.bfloat16), jnp.asarray(e, jnp.bfloat16).T,
+                                preferred_element_type=jnp.float32))
+    assert exact[0, 0] - exact[0, 1] > 0.4 and approx[0, 1] - approx[0, 0] > 3.5  # the adversary is real
+    assert _screened(x, e).tolist() == [0] == _full(x, e).tolist()
+
+
+def test_ties_go_to_the_first_id_and_a_few_ulps_decide():
+    rng = np.random.default_rng(1)
+    k, n = 64, 400
+    e = rng.normal(size=(n, k)).astype(np.float32) * 0.05
+    x = rng.normal(size=(2, k)).astype(np.float32)
+    best = int(np.argmax(x[0] @ e.T))
+    e[[37, 300]] = e[best] * 1.5  # an exact tie, above every other row: the first id wins
+    e[390] = e[best] * 1.5
+    top = float(_logits(x, e)[0, 37])
+    e[390, 0] += np.float32(np.sign(x[0, 0]) * 2 * np.spacing(np.float32(top)) / abs(x[0, 0]))  # ~2 ulps more
+    assert 0 < _logits(x, e)[0, 390] - _logits(x, e)[0, 37] <= 4 * np.spacing(np.float32(top))
+    full = _full(x, e)
+    assert full[0] == 390 and _screened(x, e).tolist() == full.tolist()
+    e[390] = e[37]
+    assert _screened(x, e)[0] == 37 == _full(x, e)[0]
+
+
+def test_a_non_finite_row_is_left_to_the_full_head(tiny_qwen3):
+    target = load_target(tiny_qwen3.path, tokenizer=False)
+    screen = head_screen(target.cfg, target.params)
+    assert screen is not None
+    h = np.random.default_rng(0).normal(size=(3, target.cfg.hidden_size)).astype(np.float32)
+    h[1, 4] = np.inf
+    e = target.params["embed_tokens"]["embedding"]
+    assert np.asarray(cp.head_argmax(jnp.asarray(h), e, screen.bits, screen.norms)).tolist()[1] == -1
+    full = argmax(TargetLM(target.cfg).apply({"params": target.params}, jnp.asarray(h), method=TargetLM.head))
+    got = greedy_tokens(target.cfg, target.params, screen, jnp.asarray(h))
+    assert np.asarray(got).tolist() == np.asarray(full).tolist()
+
+
+def test_the_screen_applies_to_a_float32_tied_head_only(tiny_qwen3, tiny_llama):
+    assert load_target(tiny_qwen3.path, tokenizer=False).greedy_screen() is not None
+    assert load_target(tiny_qwen3.path, tokenizer=False, dtype="bfloat16").greedy_screen() is None
+    assert load_target(tiny_llama.path, tokenizer=False).greedy_screen() is None  # an untied head
+
+
+def _prompts(lens):
+    rng = np.random.default_rng(0)
+    return [rng.integers(3, 97, size=n).tolist() for n in lens]
+
+
+@pytest.mark.parametrize("lens", [(9,), (4, 13, 7)])
+def test_greedy_decoding_through_the_screen_equals_the_full_head(tiny_qwen3, monkeypatch, lens):
+    """AR and speculative decoding (a verification of 4 rows a sequence: through the screen at batch 1 and 2, the
+    full head above `MAX_ROWS` rows) give the same tokens with and without the screen, and speculative equals AR."""
+    target = load_target(tiny_qwen3.path, tokenizer=False)
+    cfg = DrafterConfig.for_target(target.cfg, kind="dflash", layout="zlab", num_proposals=3, num_layers=1,
+                                   mask_token_id=4, target_layer_ids=(0, 1))
+    drafter = (cfg, init_drafter_params(cfg, jax.random.key(0)))
+    prompts, new = _prompts(lens), [21, 6, 15][:len(lens)]
+    assert 4 * len(lens) <= MAX_ROWS or len(lens) > 2
+    runs = {}
+    for arm in ("screen", "full"):
+        if arm == "full":
+            monkeypatch.setattr(G, "_screen", lambda target: None)
+        ar = [g.token_ids for g in generate(target, prompts, max_new_tokens=new, stop_token_ids=[])]
+        sp, _ = speculative_generate(target, drafter, prompts, max_new_tokens=new, stop_token_ids=[])
+        runs[arm] = (ar, [g.token_ids for g in sp])
+    assert runs["screen"] == runs["full"]
+    assert runs["screen"][0] == runs["screen"][1]
