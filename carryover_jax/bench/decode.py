@@ -25,7 +25,6 @@ from carryover_jax.decode import speculative as sp
 from carryover_jax.decode.generate import generate, speculative_generate
 from carryover_jax.errors import RequestError
 from carryover_jax.eval.paired import speed_ratio
-from carryover_jax.numerics import argmax
 
 
 def _timed(fn, *args, **kw):
@@ -133,6 +132,7 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
     max_len is the contract) and that repeated calls compile nothing new. `profile` > 0: that many more calls of
     each kind under `jax.profiler`, each call's time split by XLA op kind (`bench/opprofile.py`)."""
     tcfg, tp, dcfg, dp = target.cfg, target.params, drafter.cfg, drafter.params
+    screen = target.greedy_screen()  # greedy steps and verifications as the decode loops run them
     low = sp.cache_slots(dcfg.num_proposals, prompt_len, dcfg.num_proposals + 2)  # one round's tokens, below
     for L in max_lens:
         if not low <= L <= tcfg.max_position_embeddings:
@@ -144,7 +144,7 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
     tokens = np.zeros((batch, bucket), np.int32)
     tokens[:, :prompt_len] = rng.integers(10, tcfg.vocab_size, (batch, prompt_len))
     tokens, lens = jnp.asarray(tokens), jnp.full((batch,), prompt_len, jnp.int32)
-    jitted = {"ar.prefill": ar.prefill, "ar.step": ar.step, "sp.prefill": sp.prefill_jit,
+    jitted = {"ar.prefill": ar.prefill, "ar.greedy_step": ar.greedy_step, "sp.prefill": sp.prefill_jit,
               "sp.draft_step": sp.draft_parts, "sp.verify_step": sp.verify_step}
 
     def compiled():
@@ -169,8 +169,8 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
                          rounds=jnp.zeros_like(s.rounds), done=jnp.zeros_like(s.done))
 
     def ar_step(bx):
-        lg, bx["cache"] = ar.step(tcfg, tp, bx["cache"].with_lengths(lens + 0), bx["tok"])
-        return lg
+        tok, bx["cache"] = ar.greedy_step(tcfg, tp, bx["cache"].with_lengths(lens + 0), bx["tok"], screen)
+        return tok
 
     def draft(bx):
         toks, q, bx["s"] = sp.draft_step(sc, tp, dp, reset(bx["s"]))
@@ -178,7 +178,7 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
         return toks
 
     def verify(bx):
-        bx["s"] = sp.verify_step(sc, tp, dp, reset(bx["s"]), bx["toks"], bx["q"])
+        bx["s"] = sp.verify_step(sc, tp, dp, reset(bx["s"]), bx["toks"], bx["q"], screen=screen)
         return bx["s"].num_out
 
     def round_(bx):
@@ -199,7 +199,7 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
                 times[(L, k)].append(time.perf_counter() - t)
     after = compiled()
     # at least 10 rounds of each loop: the ratios' intervals need them (each call is 32 steps)
-    looped = _in_loop_ms(sc, tp, dp, boxes, lens, reset, max(10, repeats // 2), progress)
+    looped = _in_loop_ms(sc, tp, dp, boxes, lens, reset, max(10, repeats // 2), progress, screen)
     rows = []
     for L in max_lens:
         ms = {k: 1e3 * float(np.median(times[(L, k)])) for k in fns}
@@ -228,7 +228,8 @@ def breakdown(target, drafter, *, max_lens=(256, 1024, 4096), prompt_len: int = 
 LOOP_STEPS = 32  # steps per compiled loop in `_in_loop_ms` (what a loop pays once per call is spread over 32)
 
 
-def _in_loop_ms(sc, tp, dp, boxes, lens, reset, rounds: int, progress: bool) -> dict[int, dict[str, Any]]:
+def _in_loop_ms(sc, tp, dp, boxes, lens, reset, rounds: int, progress: bool,
+                screen=None) -> dict[int, dict[str, Any]]:
     """Milliseconds per AR step, verification and round when `LOOP_STEPS` of them run in one compiled
     `fori_loop`, as inside the decode loops (`generate_loop`), which hand the host nothing per step: a
     separately dispatched call also pays the host's handling of every parameter array (~2-3 ms for SmolLM2),
@@ -237,28 +238,29 @@ def _in_loop_ms(sc, tp, dp, boxes, lens, reset, rounds: int, progress: bool) -> 
     A/A); per max_len the medians, and verify ÷ AR, round ÷ AR and the A/A as ratios of mean times over the same
     rounds with 95% intervals (`eval.paired.speed_ratio`): the loop's ratios move with a shared machine's memory
     stream, so a ratio is a claim only where the A/A's interval holds 1."""
-    def ar_body(params, c):  # greedy: each step's token is the last one's argmax, as in AR decoding
+    def ar_body(args, c):  # greedy: each step's token is the last one's argmax, as in AR decoding
+        params, screen = args
         cache, tok = c
-        logits, cache = ar.step(sc.target, params, cache.with_lengths(lens + 0), tok)
-        return cache, argmax(logits).astype(jnp.int32)
+        tok, cache = ar.greedy_step(sc.target, params, cache.with_lengths(lens + 0), tok, screen)
+        return cache, tok
 
     def verify_body(args, s):
-        params, dparams, toks, q = args
-        return sp.verify_step(sc, params, dparams, reset(s), toks, q)
+        params, dparams, toks, q, screen = args
+        return sp.verify_step(sc, params, dparams, reset(s), toks, q, screen=screen)
 
     def round_body(args, s):
-        params, dparams = args
+        params, dparams, screen = args
         toks, q, s = sp.draft_step(sc, params, dparams, reset(s))
-        return sp.verify_step(sc, params, dparams, s, toks, q)
+        return sp.verify_step(sc, params, dparams, s, toks, q, screen=screen)
 
     def looped(body):
         return jax.jit(lambda args, carry: jax.lax.fori_loop(0, LOOP_STEPS, lambda _, c: body(args, c), carry))
 
     calls = {}
     for L, bx in boxes.items():
-        calls[L, "ar"] = functools.partial(looped(ar_body), tp, (bx["cache"], bx["tok"]))
-        calls[L, "verify"] = functools.partial(looped(verify_body), (tp, dp, bx["toks"], bx["q"]), bx["s"])
-        calls[L, "round"] = functools.partial(looped(round_body), (tp, dp), bx["s"])
+        calls[L, "ar"] = functools.partial(looped(ar_body), (tp, screen), (bx["cache"], bx["tok"]))
+        calls[L, "verify"] = functools.partial(looped(verify_body), (tp, dp, bx["toks"], bx["q"], screen), bx["s"])
+        calls[L, "round"] = functools.partial(looped(round_body), (tp, dp, screen), bx["s"])
         calls[L, "ar again"] = calls[L, "ar"]  # the same program timed as a second arm
     for k in calls:  # compile + warm up
         jax.block_until_ready(calls[k]())
