@@ -588,10 +588,10 @@ ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ff
 // lies within b[m, n] = c |x[m]| |e[n]| (+ a tiny absolute slack) of y[m, n] as the float32 kernel computes it: x and
 // e rounded to bf16 (2^-8 each, so 2^-7 + 2^-16 relative on each product, which is exact in float32), both sums'
 // float32 rounding (gamma_{K+1} each) and Cauchy-Schwarz for sum |x_k e_k|. Every n whose y could be the row's
-// largest has a[m, n] + b[m, n] >= max_n' (a[m, n'] - b[m, n']); those few n (1-30 of SmolLM2's 49,152 at its
-// hidden states) get y[m, n] by `rows_block`'s float32 operations (the bits the full head has, whatever the row
-// count), and the first n with the largest y wins, as an argmax over the full head does. A row whose |x| or bound
-// is not finite gets -1 (the caller takes the full head's argmax there).
+// largest has a[m, n] + b[m, n] >= max_n' (a[m, n'] - b[m, n']); those few n (a median of 5 and at most 163 of
+// SmolLM2's 49,152 at 1,600 of its states) get y[m, n] by `rows_block`'s float32 operations (the bits the full head
+// has, whatever the row count), and the first n with the largest y wins, as an argmax over the full head does. A row
+// whose |x|, bound or candidate logits are not finite gets -1 (the caller takes the full head's argmax there).
 #ifdef CARRYOVER_BF16_PAIRS
 ffi::Error HeadArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::BF16> xb,
                       ffi::Buffer<ffi::F32> e, ffi::Buffer<ffi::BF16> eb, ffi::Buffer<ffi::F32> norms,
