@@ -1,6 +1,7 @@
 """Greedy generation with the head's screen against the float32 head, in one process, arms rotated per round.
 
 python ab_generate.py REPEATS NEW_TOKENS [P ...]
+DRAFTER=FOLDER python ab_generate.py REPEATS NEW_TOKENS   (speculative decoding with that trained drafter instead)
 
 SmolLM2 (float32, the CPU default), the first `batch` of four fixed prompts: AR at batch 1, 4 and 16 (16 rows take
 the full head in both arms: a control) and speculative decoding at batch 1 with an untrained drafter for each P (its
@@ -8,13 +9,14 @@ proposals are nearly all rejected, so every round is a verification of P + 1 row
 (`Target.greedy_screen`, the default), "full" (no screen) and "full again" (the same program as "full", the A/A).
 Per pair of rounds the time ratio to "full"; every arm's tokens must equal the others'.
 """
+import os
 import sys
 import time
 
 import numpy as np
 
 import carryover_jax.decode.generate as G
-from carryover_jax.loading import init_drafter, load_target
+from carryover_jax.loading import init_drafter, load_drafter, load_target
 
 reps, new = int(sys.argv[1]), int(sys.argv[2])
 proposals = [int(p) for p in sys.argv[3:]] or [3]
@@ -36,8 +38,12 @@ def run(arm, kind, batch, drafter):
 
 
 cases = [("ar", 1, None), ("ar", 4, None), ("ar", 16, None)]
-cases += [("spec", 1, init_drafter(target, seed=0, num_proposals=p)) for p in proposals]
-print(f"# python ab_generate.py {' '.join(sys.argv[1:])}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+if os.environ.get("DRAFTER"):
+    cases += [("spec", 1, load_drafter(os.environ["DRAFTER"])), ("spec", 4, load_drafter(os.environ["DRAFTER"]))]
+else:
+    cases += [("spec", 1, init_drafter(target, seed=0, num_proposals=p)) for p in proposals]
+env = f"DRAFTER={os.environ['DRAFTER']} " if os.environ.get("DRAFTER") else ""
+print(f"# {env}python ab_generate.py {' '.join(sys.argv[1:])}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 print("| case | full s | screen s | screen / full, median of pairs [min, max] | A/A (full again / full) | tokens |")
 print("|---|---|---|---|---|---|")
 for kind, batch, drafter in cases:
@@ -53,7 +59,7 @@ for kind, batch, drafter in cases:
             secs[arm].append(dt)
     full = np.array(secs["full"])
     ratio, aa = np.array(secs["screen"]) / full, np.array(secs["full again"]) / full
-    name = f"AR, batch {batch}" if kind == "ar" else f"speculative, batch 1, P = {drafter.cfg.num_proposals}"
+    name = f"AR, batch {batch}" if kind == "ar" else f"speculative, batch {batch}, P = {drafter.cfg.num_proposals}"
     print(f"| {name} | {np.median(full):.3f} | {np.median(secs['screen']):.3f} | {np.median(ratio):.3f} "
           f"[{ratio.min():.3f}, {ratio.max():.3f}] | {np.median(aa):.3f} [{aa.min():.3f}, {aa.max():.3f}] | "
           f"equal ({sum(map(len, ref))}) |", flush=True)
