@@ -51,6 +51,28 @@ def test_decode_and_feature_costs_match_a_hand_count(tiny):
     assert steps.bytes == 4 * (4 * TARGET_WEIGHTS + 16 * 3 * 2 * 2 * 16 * 102.5 * 4)
 
 
+def test_greedy_decode_costs_read_the_screened_head_as_bf16(tiny, tiny_qwen3):
+    """Where the head's screen serves a greedy call (a float32 tied head, at most 8 rows), its bound reads the bf16
+    copy and the norms, priced in bf16; the untied tiny Llama and calls of more rows keep the one float32 cost."""
+    from carryover_jax.bench import flops as F
+    from carryover_jax.loading import load_target
+    from carryover_jax.models import greedy_head
+
+    assert F.greedy_decode_costs(tiny.cfg, tiny.params, batch=1, rows=1, context=100) == [
+        F.decode_cost(tiny.cfg, tiny.params, batch=1, rows=1, context=100)]
+    tied = load_target(tiny_qwen3.path, tokenizer=False)
+    if not greedy_head.applies(tied.cfg):
+        pytest.skip("no screen on this CPU (avx512_bf16)")
+    v, d = tied.cfg.vocab_size, tied.cfg.hidden_size
+    for batch, rows in ((1, 1), (2, 4)):
+        whole = F.decode_cost(tied.cfg, tied.params, batch=batch, rows=rows, context=100)
+        layers, head = F.greedy_decode_costs(tied.cfg, tied.params, batch=batch, rows=rows, context=100)
+        assert head == F.Cost(batch * rows * 2 * d * v, v * d * 2 + v * 4, "bfloat16")
+        assert (layers.flops + head.flops, layers.bytes) == (whole.flops, whole.bytes - 4 * v * d)
+        assert layers.dtype is None
+    assert len(F.greedy_decode_costs(tied.cfg, tied.params, batch=3, rows=4, context=100)) == 1  # 12 rows
+
+
 def test_train_costs_match_a_hand_count(tiny):
     from carryover_jax.bench import flops as F
     from carryover_jax.loading import init_drafter

@@ -18,13 +18,15 @@ from carryover_jax.config import DrafterConfig, TargetConfig
 
 @dataclasses.dataclass(frozen=True)
 class Cost:
-    """One call of a path: its FLOPs and the bytes it must read."""
+    """One call of a path: its FLOPs and the bytes it must read; `dtype` the numerics it runs in where not the
+    run's (the greedy head's bf16 copy)."""
 
     flops: float
     bytes: float
+    dtype: str | None = None
 
     def scaled(self, n: float) -> "Cost":
-        return Cost(self.flops * n, self.bytes * n)
+        return Cost(self.flops * n, self.bytes * n, self.dtype)
 
 
 def dense_flops_per_token(params) -> int:
@@ -75,6 +77,21 @@ def decode_cost(cfg: TargetConfig, params, *, batch: int, rows: int, context: fl
     q = batch * rows
     flops = q * (t_layers + head_flops_per_row(cfg)) + attention_flops(cfg, q, context + (rows + 1) / 2)
     return Cost(flops, weight_bytes(params, cfg) + kv_bytes(cfg, batch, context + rows))
+
+
+def greedy_decode_costs(cfg: TargetConfig, params, *, batch: int, rows: int, context: float) -> list[Cost]:
+    """`decode_cost` of a greedy call as the decode loops run it: where the head's screen serves it
+    (`models/greedy_head.py`: a float32 tied head, at most `MAX_ROWS` rows) the tied head is read as its bf16 copy
+    and its rows' norms, in bf16 (the few float32 rows it rescores are not counted); else the one float32 cost."""
+    from carryover_jax.models import greedy_head
+
+    whole = decode_cost(cfg, params, batch=batch, rows=rows, context=context)
+    if not greedy_head.applies(cfg) or batch * rows > greedy_head.MAX_ROWS:
+        return [whole]
+    e = params["embed_tokens"]["embedding"]
+    head_flops, head_bytes = batch * rows * head_flops_per_row(cfg), e.size * jnp.dtype(e.dtype).itemsize
+    return [Cost(whole.flops - head_flops, whole.bytes - head_bytes),
+            Cost(head_flops, e.size * 2 + e.shape[0] * 4, "bfloat16")]
 
 
 def prefill_cost(cfg: TargetConfig, params, *, batch: int, prompt_len: int) -> Cost:

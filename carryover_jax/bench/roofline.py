@@ -16,7 +16,9 @@ shapes and row counts) and the best streaming rate in the param dtype; a path ma
 prefill + steps) adds its parts' bounds. The fraction printed is bound time / measured time (1 = at the
 roofline). The paths, timed with the other benches' code:
 
-- `ar`: one target AR step at batch 1, live length `prompt_len` (`bench decode --breakdown`);
+- `ar`: one target AR step at batch 1, live length `prompt_len` (`bench decode --breakdown`), greedy as the decode
+  loops run it: where the head's screen serves it (`models/greedy_head.py`) its bound reads the head's bf16 copy
+  (`flops.greedy_decode_costs`), as `verifyP`'s do;
 - `gen16` / `gen64` / `gen128`: `generate` at that batch, `prompt_len` random prompt tokens and
   `new_tokens` new ones per row (prefill included), as prepare's regeneration and eval rollouts run it;
 - `features`: prepare's stored-feature pass (`train.responses.target_features`) over one generation
@@ -144,8 +146,8 @@ def bandwidth(machine: dict, dtype: str) -> float:
 
 def bound(cost: F.Cost, machine: dict, tcfg, dtype: str | None = None) -> dict[str, Any]:
     """The roofline time of one cost (seconds) and which side bounds it; `dtype` (e.g. "float32") prices it
-    at that dtype's rate and bandwidth instead of the run's (the bytes stay the run's)."""
-    compute, params = dtype or tcfg.dtype, dtype or tcfg.param_dtype
+    at that dtype's rate and bandwidth instead of the run's or the cost's own (the bytes stay the run's)."""
+    compute, params = dtype or cost.dtype or tcfg.dtype, dtype or cost.dtype or tcfg.param_dtype
     rate, bw = peak_rate(machine, compute), bandwidth(machine, params)
     t_mm, t_bw = cost.flops / (rate * 1e9), cost.bytes / (bw * 1e9)
     if t_mm >= t_bw:
@@ -187,7 +189,7 @@ def _decode_rows(cfg, target, machine, rows, prompt_len, repeats) -> list[dict[s
     ps = sorted({int(r[len("verify"):]) for r in rows if r.startswith("verify")} or {3})
     max_len = next_bucket(max(sp.cache_slots(p, prompt_len, p + 2) for p in ps))
     tcfg, tp = target.cfg, target.params
-    ar_b = _bound_of([F.decode_cost(tcfg, tp, batch=1, rows=1, context=prompt_len)], machine, tcfg)
+    ar_b = _bound_of(F.greedy_decode_costs(tcfg, tp, batch=1, rows=1, context=prompt_len), machine, tcfg)
     out = []
     for i, p in enumerate(ps):
         r = bench_decode.breakdown(target, _drafter(cfg, target, p), max_lens=(max_len,), prompt_len=prompt_len,
@@ -198,7 +200,7 @@ def _decode_rows(cfg, target, machine, rows, prompt_len, repeats) -> list[dict[s
                             dispatched_s=r["ar_ms"] / 1e3))
         name = f"verify{p}"
         if name in rows:
-            vb = _bound_of([F.decode_cost(tcfg, tp, batch=1, rows=p + 1, context=prompt_len)], machine, tcfg)
+            vb = _bound_of(F.greedy_decode_costs(tcfg, tp, batch=1, rows=p + 1, context=prompt_len), machine, tcfg)
             verify_s = r["loop_verify_ms"] / 1e3
             (measured, lo, hi), ideal = r["loop_verify_over_ar"], vb["s"] / ar_b["s"]
             out.append({"row": name, "path": f"verify({p + 1}) ÷ AR step, batch 1", "measured_ratio": measured,
