@@ -32,7 +32,7 @@ class Target:
     tokenizer: Any = None
     path: Path | None = None
     stop_token_ids: tuple[int, ...] = ()
-    # (params, screen): `greedy_screen`'s, built for the params object it holds
+    # (params, cfg, screen): `greedy_screen`'s, built for the params object and config it holds
     _screen: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -41,10 +41,10 @@ class Target:
 
     def greedy_screen(self) -> HeadScreen | None:
         """The screen of the head's greedy tokens (`models/greedy_head.py`; None where it does not apply), built
-        once for these params and again if `params` is replaced."""
-        if self._screen is None or self._screen[0] is not self.params:
-            self._screen = (self.params, head_screen(self.cfg, self.params))
-        return self._screen[1]
+        once for these params and config, and again if either is replaced."""
+        if self._screen is None or self._screen[0] is not self.params or self._screen[1] != self.cfg:
+            self._screen = (self.params, self.cfg, head_screen(self.cfg, self.params))
+        return self._screen[2]
 
     def encode(self, prompt: str | Sequence[dict], *, chat: bool = True) -> list[int]:
         """A prompt (or a list of chat messages) -> token ids, through the chat template if any."""

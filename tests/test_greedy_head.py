@@ -16,7 +16,7 @@ from carryover_jax.models import cpu_products as cp
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.greedy_head import MAX_ROWS, greedy_tokens, head_screen
 from carryover_jax.models.target import TargetLM
-from carryover_jax.numerics import argmax
+from carryover_jax.numerics import Numerics, argmax
 
 pytestmark = pytest.mark.skipif(not cp.head_argmax_available(), reason="needs the CPU kernel with avx512_bf16")
 
@@ -94,9 +94,17 @@ def test_a_non_finite_row_is_left_to_the_full_head(tiny_qwen3):
 
 
 def test_the_screen_applies_to_a_float32_tied_head_only(tiny_qwen3, tiny_llama):
-    assert load_target(tiny_qwen3.path, tokenizer=False).greedy_screen() is not None
     assert load_target(tiny_qwen3.path, tokenizer=False, dtype="bfloat16").greedy_screen() is None
     assert load_target(tiny_llama.path, tokenizer=False).greedy_screen() is None  # an untied head
+    target = load_target(tiny_qwen3.path, tokenizer=False)
+    first = target.greedy_screen()
+    assert first is not None and target.greedy_screen() is first  # built once
+    target.params = jax.tree.map(lambda x: x * 2, target.params)  # new params: a new screen, of their head
+    again = target.greedy_screen()
+    assert again is not first
+    assert np.array_equal(np.asarray(again.norms), 2 * np.asarray(first.norms))
+    target.cfg = target.cfg.with_numerics(Numerics.for_platform("cpu", dtype="bfloat16"))
+    assert target.greedy_screen() is None  # a config the screen does not serve
 
 
 def _prompts(lens):
