@@ -2,6 +2,7 @@
 
 python ab_generate.py REPEATS NEW_TOKENS [P ...]
 DRAFTER=FOLDER python ab_generate.py REPEATS NEW_TOKENS   (speculative decoding with that trained drafter instead)
+TARGET=gemma3-270m python ab_generate.py ...   (that target instead of SmolLM2)
 
 SmolLM2 (float32, the CPU default), the first `batch` of four fixed prompts: AR at batch 1, 4 and 16 (16 rows take
 the full head in both arms: a control) and speculative decoding at batch 1 with an untrained drafter for each P (its
@@ -20,7 +21,7 @@ from carryover_jax.loading import init_drafter, load_drafter, load_target
 
 reps, new = int(sys.argv[1]), int(sys.argv[2])
 proposals = [int(p) for p in sys.argv[3:]] or [3]
-target = load_target("smollm2")
+target = load_target(os.environ.get("TARGET", "smollm2"))
 prompts = ["Write a short story about a robot learning to paint.", "Explain how a hash table works.",
            "def fibonacci(n):", "What are the causes of the French Revolution?"] * 4
 screen_of = G._screen
@@ -42,7 +43,7 @@ if os.environ.get("DRAFTER"):
     cases += [("spec", 1, load_drafter(os.environ["DRAFTER"])), ("spec", 4, load_drafter(os.environ["DRAFTER"]))]
 else:
     cases += [("spec", 1, init_drafter(target, seed=0, num_proposals=p)) for p in proposals]
-env = f"DRAFTER={os.environ['DRAFTER']} " if os.environ.get("DRAFTER") else ""
+env = "".join(f"{k}={os.environ[k]} " for k in ("TARGET", "DRAFTER") if os.environ.get(k))
 print(f"# {env}python ab_generate.py {' '.join(sys.argv[1:])}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 print("| case | full s | screen s | screen / full, median of pairs [min, max] | A/A (full again / full) | tokens |")
 print("|---|---|---|---|---|---|")

@@ -1,13 +1,14 @@
 """The AR step and the verification of P + 1 tokens at batch 1, each in a compiled loop of 32 (as the decode loops run
 them), with the head's screen and with the float32 head, arms rotated round by round in one process.
 
-python ab_loop.py ROUNDS [P ...]
+python ab_loop.py ROUNDS [P ...]   (TARGET=gemma3-270m: that target instead of SmolLM2)
 
 SmolLM2 float32 (the CPU default), a 100-token prompt, max_len 256, an untrained drafter per P (the verification's
 work does not depend on its proposals). `speed_ratio` (`eval.paired`): the mean time of the full-head arm over the
 screen arm's, with its 95% paired-bootstrap interval over the rounds, and the A/A (the same full-head program
 timed as a second arm); verify ÷ AR within each arm as well.
 """
+import os
 import sys
 import time
 
@@ -24,7 +25,7 @@ from carryover_jax.loading import init_drafter, load_target
 STEPS = 32
 rounds = int(sys.argv[1])
 proposals = [int(p) for p in sys.argv[2:]] or [3, 7]
-target = load_target("smollm2")
+target = load_target(os.environ.get("TARGET", "smollm2"))
 cfg, tp = target.cfg, target.params
 screen = target.greedy_screen()
 assert screen is not None
@@ -71,7 +72,8 @@ for p in proposals:
     calls[f"verify{p + 1} full"] = (lambda v=v, d=d, toks=toks, q=q, s=s: v((tp, d.params, toks, q, None), s))
 for f in calls.values():
     jax.block_until_ready(f())
-print(f"# python ab_loop.py {' '.join(sys.argv[1:])}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+print(f"# TARGET={os.environ.get('TARGET', 'smollm2')} python ab_loop.py {' '.join(sys.argv[1:])}; "
+      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
       f"{rounds} rotated rounds of {STEPS} steps a call")
 secs = rotated_seconds(calls, rounds)
 

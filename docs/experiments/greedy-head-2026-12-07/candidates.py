@@ -2,7 +2,9 @@
 head's argmax at each of them.
 
 python candidates.py FILE ...   (texts: the first 400 tokens of each, teacher-forced; final-normed states)
+TARGET=gemma3-270m python candidates.py FILE ...   (that target instead of SmolLM2)
 """
+import os
 import sys
 
 import jax.numpy as jnp
@@ -13,7 +15,7 @@ from carryover_jax.models import cpu_products as cp
 from carryover_jax.models.target import TargetLM
 from carryover_jax.numerics import argmax
 
-t = load_target("smollm2")
+t = load_target(os.environ.get("TARGET", "smollm2"))
 cfg, params = t.cfg, t.params
 screen = t.greedy_screen()
 e = params["embed_tokens"]["embedding"]
