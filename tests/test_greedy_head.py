@@ -14,7 +14,7 @@ from carryover_jax.decode import generate as G
 from carryover_jax.decode.generate import speculative_generate
 from carryover_jax.models import cpu_products as cp
 from carryover_jax.models.drafter import init_drafter_params
-from carryover_jax.models.greedy_head import MAX_ROWS, greedy_tokens, head_screen
+from carryover_jax.models.greedy_head import greedy_tokens, head_screen
 from carryover_jax.models.target import TargetLM
 from carryover_jax.numerics import Numerics, argmax
 
@@ -114,14 +114,22 @@ def _prompts(lens):
 
 @pytest.mark.parametrize("lens", [(9,), (4, 13, 7)])
 def test_greedy_decoding_through_the_screen_equals_the_full_head(tiny_qwen3, monkeypatch, lens):
-    """AR and speculative decoding (a verification of 4 rows a sequence: through the screen at batch 1 and 2, the
-    full head above `MAX_ROWS` rows) give the same tokens with and without the screen, and speculative equals AR."""
+    """AR and speculative decoding give the same tokens with and without the screen, and speculative equals AR. The
+    screen serves the AR steps (1 and 3 rows) and the batch-1 verification (4 rows); the batch-3 verification's 12 rows
+    take the full head (the kernel's traced row counts show which)."""
     target = load_target(tiny_qwen3.path, tokenizer=False)
     cfg = DrafterConfig.for_target(target.cfg, kind="dflash", layout="zlab", num_proposals=3, num_layers=1,
                                    mask_token_id=4, target_layer_ids=(0, 1))
     drafter = (cfg, init_drafter_params(cfg, jax.random.key(0)))
     prompts, new = _prompts(lens), [21, 6, 15][:len(lens)]
-    assert 4 * len(lens) <= MAX_ROWS or len(lens) > 2
+    rows, kernel = set(), cp.head_argmax
+
+    def counted(x, *args):
+        rows.add(x.shape[0])
+        return kernel(x, *args)
+
+    monkeypatch.setattr(cp, "head_argmax", counted)
+    jax.clear_caches()  # trace the loops here, so the kernel's calls are seen
     runs = {}
     for arm in ("screen", "full"):
         if arm == "full":
@@ -129,5 +137,7 @@ def test_greedy_decoding_through_the_screen_equals_the_full_head(tiny_qwen3, mon
         ar = [g.token_ids for g in generate(target, prompts, max_new_tokens=new, stop_token_ids=[])]
         sp, _ = speculative_generate(target, drafter, prompts, max_new_tokens=new, stop_token_ids=[])
         runs[arm] = (ar, [g.token_ids for g in sp])
+        if arm == "screen":
+            assert rows == ({1, 4} if len(lens) == 1 else {3})
     assert runs["screen"] == runs["full"]
     assert runs["screen"][0] == runs["screen"][1]
