@@ -593,6 +593,9 @@ ffi::Error Products(ffi::ThreadPool pool, ffi::Buffer<T> x, ffi::Buffer<T> w, ff
 // has, whatever the row count), and the first n with the largest y wins, as an argmax over the full head does. A row
 // whose |x|, bound or candidate logits are not finite gets -1 (the caller takes the full head's argmax there).
 #ifdef CARRYOVER_BF16_PAIRS
+// columns a block of the screen's upper maxima, and a piece of a chunk computed and read back in one go
+constexpr int64_t kScreenBlock = 256, kScreenPiece = 2048;
+
 ffi::Error HeadArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::BF16> xb,
                       ffi::Buffer<ffi::F32> e, ffi::Buffer<ffi::BF16> eb, ffi::Buffer<ffi::F32> norms,
                       ffi::ResultBuffer<ffi::S32> y) {
@@ -616,44 +619,90 @@ ffi::Error HeadArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   const uint16_t* xbs = reinterpret_cast<const uint16_t*>(xb.typed_data());
   const uint16_t* ebs = reinterpret_cast<const uint16_t*>(eb.typed_data());
   const int64_t threads = pool.num_threads() < 1 ? 1 : pool.num_threads();
-  thread_local std::vector<float> approx;
+  // one chunk of whole screen blocks a thread; each computes its columns' bf16 logits a piece at a time and reads
+  // them back while they are in cache: the row's max(a - b) over the chunk and max(a + b) over each block
+  const int64_t blocks = (N + kScreenBlock - 1) / kScreenBlock;
+  const int64_t size = (blocks + threads - 1) / threads * kScreenBlock, chunks = (N + size - 1) / size;
+  thread_local std::vector<float> approx, lows, highs;
   approx.resize(size_t(kMaxRows) * N);
+  lows.resize(size_t(kMaxRows) * chunks);
+  highs.resize(size_t(kMaxRows) * blocks);
+  float *a_all = approx.data(), *lo_all = lows.data(), *hi_all = highs.data();
   static constexpr auto table = pair_fns<true>(std::make_index_sequence<kMaxRows>());
   const double u = std::ldexp(1.0, -24), gamma = (K + 1) * u / (1 - (K + 1) * u);
   // 1e-3 over the bound covers the rounding of |x|, |e| and of the bound's own products and sums
   const double c = (std::ldexp(1.0, -7) + std::ldexp(1.0, -16) + 2.1 * gamma) * 1.001;
-  float most = 0;
-  for (int64_t n = 0; n < N; ++n) most = wn[n] > most ? wn[n] : most;
+  // the largest |e_n|, NaN if any is (then every row falls back to the full head)
+  __m512 most_v = _mm512_setzero_ps();
+  __mmask16 nan = 0;
+  int64_t n = 0;
+  for (; n + 16 <= N; n += 16) {
+    const __m512 v = _mm512_loadu_ps(wn + n);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    most_v = _mm512_max_ps(v, most_v);
+  }
+  float most = _mm512_reduce_max_ps(most_v);
+  for (; n < N; ++n) {
+    if (std::isnan(wn[n])) nan = 1;
+    most = wn[n] > most ? wn[n] : most;
+  }
+  if (nan) most = NAN;
+  float rs[kMaxRows], ss[kMaxRows];
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {  // 8 rows of x for each stream of eb
     const int64_t rows = M - m0 < kMaxRows ? M - m0 : kMaxRows;
-    by_chunks<true>(pool, table[rows - 1], xbs + m0 * K, ebs, approx.data(), rows, K, N, threads);
-    for (int64_t m = m0; m < m0 + rows; ++m) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* xm = xs + (m0 + i) * K;
+      double sq = 0;
+      for (int64_t k = 0; k < K; ++k) sq += double(xm[k]) * xm[k];
+      const double norm = std::sqrt(sq);
+      rs[i] = float(c * norm), ss[i] = float(norm * most * 1e-6 + 1e-30);
+    }
+    const PairFn fn = table[rows - 1];
+    parallel_for(pool, chunks, threads, [&](int64_t ch) {
+      const int64_t c0 = ch * size, c1 = c0 + size < N ? c0 + size : N;
+      float* lo = lo_all + ch * kMaxRows;
+      for (int64_t i = 0; i < rows; ++i) lo[i] = -INFINITY;
+      for (int64_t p0 = c0; p0 < c1; p0 += kScreenPiece) {
+        const int64_t p1 = p0 + kScreenPiece < c1 ? p0 + kScreenPiece : c1;
+        fn(xbs + m0 * K, ebs, a_all, K, N, p0, p1);
+        for (int64_t i = 0; i < rows; ++i) {
+          const float* a = a_all + i * N;
+          const __m512 rv = _mm512_set1_ps(rs[i]), sv = _mm512_set1_ps(ss[i]);
+          __m512 lv = _mm512_set1_ps(-INFINITY);
+          for (int64_t b0 = p0; b0 < p1; b0 += kScreenBlock) {
+            const int64_t b1 = b0 + kScreenBlock < p1 ? b0 + kScreenBlock : p1;
+            __m512 hv = _mm512_set1_ps(-INFINITY);
+            int64_t j = b0;
+            for (; j + 16 <= b1; j += 16) {  // NaN lanes never win a max_ps against a number
+              const __m512 av = _mm512_loadu_ps(a + j), bv = _mm512_fmadd_ps(rv, _mm512_loadu_ps(wn + j), sv);
+              lv = _mm512_max_ps(_mm512_sub_ps(av, bv), lv);
+              hv = _mm512_max_ps(_mm512_add_ps(av, bv), hv);
+            }
+            float hi = _mm512_reduce_max_ps(hv);
+            for (; j < b1; ++j) {
+              const float bj = rs[i] * wn[j] + ss[i];
+              lo[i] = a[j] - bj > lo[i] ? a[j] - bj : lo[i];
+              hi = a[j] + bj > hi ? a[j] + bj : hi;
+            }
+            hi_all[i * blocks + b0 / kScreenBlock] = hi;
+          }
+          const float l = _mm512_reduce_max_ps(lv);
+          lo[i] = l > lo[i] ? l : lo[i];
+        }
+      }
+    });
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t m = m0 + i;
       const float* xm = xs + m * K;
-      const float* a = approx.data() + (m - m0) * N;
-      double ss = 0;
-      for (int64_t k = 0; k < K; ++k) ss += double(xm[k]) * xm[k];
-      const double norm = std::sqrt(ss);
-      const float r = float(c * norm), slack = float(norm * most * 1e-6 + 1e-30);
-      if (!std::isfinite(r) || !std::isfinite(slack)) {
+      const float* a = a_all + i * N;
+      float thr = -INFINITY;
+      for (int64_t ch = 0; ch < chunks; ++ch) thr = lo_all[ch * kMaxRows + i] > thr ? lo_all[ch * kMaxRows + i] : thr;
+      if (!std::isfinite(rs[i]) || !std::isfinite(ss[i]) || !std::isfinite(thr)) {
         out[m] = -1;
         continue;
       }
-      const __m512 rv = _mm512_set1_ps(r), sv = _mm512_set1_ps(slack);
-      __m512 lo = _mm512_set1_ps(-INFINITY);
-      int64_t n = 0;
-      for (; n + 16 <= N; n += 16)  // max(a - b): NaN lanes never win a max_ps against a number
-        lo = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(a + n), _mm512_fmadd_ps(rv, _mm512_loadu_ps(wn + n), sv)),
-                           lo);
-      float thr = _mm512_reduce_max_ps(lo);
-      for (; n < N; ++n) {
-        const float t = a[n] - (r * wn[n] + slack);
-        thr = t > thr ? t : thr;
-      }
-      if (!std::isfinite(thr)) {
-        out[m] = -1;
-        continue;
-      }
-      const __m512 tv = _mm512_set1_ps(thr);
+      // only the blocks whose largest a + b reaches the threshold hold candidates
+      const __m512 rv = _mm512_set1_ps(rs[i]), sv = _mm512_set1_ps(ss[i]), tv = _mm512_set1_ps(thr);
       int32_t best = -1;
       float top = 0;
       bool bad = false;
@@ -663,16 +712,21 @@ ffi::Error HeadArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
         if (std::isnan(v)) bad = true;
         else if (best < 0 || v > top) best = int32_t(j), top = v;
       };
-      for (n = 0; n + 16 <= N; n += 16) {
-        __mmask16 hit = _mm512_cmp_ps_mask(
-            _mm512_add_ps(_mm512_loadu_ps(a + n), _mm512_fmadd_ps(rv, _mm512_loadu_ps(wn + n), sv)), tv, _CMP_GE_OQ);
-        while (hit) {
-          exact(n + __builtin_ctz(hit));
-          hit &= hit - 1;
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        if (!(hi_all[i * blocks + blk] >= thr)) continue;
+        const int64_t b0 = blk * kScreenBlock, b1 = b0 + kScreenBlock < N ? b0 + kScreenBlock : N;
+        int64_t j = b0;
+        for (; j + 16 <= b1; j += 16) {
+          __mmask16 hit = _mm512_cmp_ps_mask(
+              _mm512_add_ps(_mm512_loadu_ps(a + j), _mm512_fmadd_ps(rv, _mm512_loadu_ps(wn + j), sv)), tv, _CMP_GE_OQ);
+          while (hit) {
+            exact(j + __builtin_ctz(hit));
+            hit &= hit - 1;
+          }
         }
+        for (; j < b1; ++j)
+          if (a[j] + (rs[i] * wn[j] + ss[i]) >= thr) exact(j);
       }
-      for (; n < N; ++n)
-        if (a[n] + (r * wn[n] + slack) >= thr) exact(n);
       out[m] = bad ? -1 : best;
     }
   }
