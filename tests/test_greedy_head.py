@@ -13,6 +13,7 @@ from carryover_jax.config import DrafterConfig
 from carryover_jax.decode import generate as G
 from carryover_jax.decode.generate import speculative_generate
 from carryover_jax.models import cpu_products as cp
+from carryover_jax.models import greedy_head
 from carryover_jax.models.drafter import init_drafter_params
 from carryover_jax.models.greedy_head import greedy_tokens, head_screen
 from carryover_jax.models.target import TargetLM
@@ -112,11 +113,15 @@ def _prompts(lens):
     return [rng.integers(3, 97, size=n).tolist() for n in lens]
 
 
-@pytest.mark.parametrize("lens", [(9,), (4, 13, 7)])
-def test_greedy_decoding_through_the_screen_equals_the_full_head(tiny_qwen3, monkeypatch, lens):
+@pytest.mark.parametrize("lens, max_rows, served", [((9,), None, {1, 4}), ((4, 13, 7), None, {3, 12}),
+                                                     ((4, 13, 7), 8, {3})])
+def test_greedy_decoding_through_the_screen_equals_the_full_head(tiny_qwen3, monkeypatch, lens, max_rows, served):
     """AR and speculative decoding give the same tokens with and without the screen, and speculative equals AR. The
-    screen serves the AR steps (1 and 3 rows) and the batch-1 verification (4 rows); the batch-3 verification's 12 rows
-    take the full head (the kernel's traced row counts show which)."""
+    screen serves the AR steps (1 and 3 rows) and the verifications (4 rows at batch 1; 12 at batch 3, two passes of
+    the kernel), and with `MAX_ROWS` below 12 the batch-3 verification takes the full head (the kernel's traced row
+    counts show which)."""
+    if max_rows is not None:
+        monkeypatch.setattr(greedy_head, "MAX_ROWS", max_rows)
     target = load_target(tiny_qwen3.path, tokenizer=False)
     cfg = DrafterConfig.for_target(target.cfg, kind="dflash", layout="zlab", num_proposals=3, num_layers=1,
                                    mask_token_id=4, target_layer_ids=(0, 1))
@@ -138,6 +143,6 @@ def test_greedy_decoding_through_the_screen_equals_the_full_head(tiny_qwen3, mon
         sp, _ = speculative_generate(target, drafter, prompts, max_new_tokens=new, stop_token_ids=[])
         runs[arm] = (ar, [g.token_ids for g in sp])
         if arm == "screen":
-            assert rows == ({1, 4} if len(lens) == 1 else {3})
+            assert rows == served
     assert runs["screen"] == runs["full"]
     assert runs["screen"][0] == runs["screen"][1]

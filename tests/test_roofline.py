@@ -52,8 +52,9 @@ def test_decode_and_feature_costs_match_a_hand_count(tiny):
 
 
 def test_greedy_decode_costs_read_the_screened_head_as_bf16(tiny, tiny_qwen3):
-    """Where the head's screen serves a greedy call (a float32 tied head, at most 8 rows), its bound reads the bf16
-    copy and the norms, priced in bf16; the untied tiny Llama and calls of more rows keep the one float32 cost."""
+    """Where the head's screen serves a greedy call (a float32 tied head, at most `MAX_ROWS` rows), its bound reads
+    the bf16 copy once per 8 rows and the norms, priced in bf16; the untied tiny Llama and calls of more rows keep
+    the one float32 cost, and a greedy generation's steps are priced as such calls."""
     from carryover_jax.bench import flops as F
     from carryover_jax.loading import load_target
     from carryover_jax.models import greedy_head
@@ -64,13 +65,17 @@ def test_greedy_decode_costs_read_the_screened_head_as_bf16(tiny, tiny_qwen3):
     if not greedy_head.applies(tied.cfg):
         pytest.skip("no screen on this CPU (avx512_bf16)")
     v, d = tied.cfg.vocab_size, tied.cfg.hidden_size
-    for batch, rows in ((1, 1), (2, 4)):
+    for batch, rows, passes in ((1, 1, 1), (2, 4, 1), (3, 4, 2), (16, 8, 16)):
         whole = F.decode_cost(tied.cfg, tied.params, batch=batch, rows=rows, context=100)
         layers, head = F.greedy_decode_costs(tied.cfg, tied.params, batch=batch, rows=rows, context=100)
-        assert head == F.Cost(batch * rows * 2 * d * v, v * d * 2 + v * 4, "bfloat16")
+        assert head == F.Cost(batch * rows * 2 * d * v, passes * v * d * 2 + v * 4, "bfloat16")
         assert (layers.flops + head.flops, layers.bytes) == (whole.flops, whole.bytes - 4 * v * d)
         assert layers.dtype is None
-    assert len(F.greedy_decode_costs(tied.cfg, tied.params, batch=3, rows=4, context=100)) == 1  # 12 rows
+    assert len(F.greedy_decode_costs(tied.cfg, tied.params, batch=129, rows=1, context=100)) == 1  # > MAX_ROWS
+    assert greedy_head.MAX_ROWS == 128
+    pre, layers, head = F.generation_costs(tied.cfg, tied.params, batch=16, prompt_len=100, new_tokens=5, greedy=True)
+    assert [layers, head] == [c.scaled(4) for c in F.greedy_decode_costs(tied.cfg, tied.params, batch=16, rows=1,
+                                                                          context=101.5)]
 
 
 def test_train_costs_match_a_hand_count(tiny):

@@ -82,7 +82,8 @@ def decode_cost(cfg: TargetConfig, params, *, batch: int, rows: int, context: fl
 def greedy_decode_costs(cfg: TargetConfig, params, *, batch: int, rows: int, context: float) -> list[Cost]:
     """`decode_cost` of a greedy call as the decode loops run it: where the head's screen serves it
     (`models/greedy_head.py`: a float32 tied head, at most `MAX_ROWS` rows) the tied head is read as its bf16 copy
-    and its rows' norms, in bf16 (the few float32 rows it rescores are not counted); else the one float32 cost."""
+    once per `ROWS_A_PASS` rows, and its rows' norms, in bf16 (the few float32 rows it rescores are not counted);
+    else the one float32 cost."""
     from carryover_jax.models import greedy_head
 
     whole = decode_cost(cfg, params, batch=batch, rows=rows, context=context)
@@ -90,8 +91,9 @@ def greedy_decode_costs(cfg: TargetConfig, params, *, batch: int, rows: int, con
         return [whole]
     e = params["embed_tokens"]["embedding"]
     head_flops, head_bytes = batch * rows * head_flops_per_row(cfg), e.size * jnp.dtype(e.dtype).itemsize
+    passes = -(-batch * rows // greedy_head.ROWS_A_PASS)
     return [Cost(whole.flops - head_flops, whole.bytes - head_bytes),
-            Cost(head_flops, e.size * 2 + e.shape[0] * 4, "bfloat16")]
+            Cost(head_flops, passes * e.size * 2 + e.shape[0] * 4, "bfloat16")]
 
 
 def prefill_cost(cfg: TargetConfig, params, *, batch: int, prompt_len: int) -> Cost:
@@ -102,14 +104,18 @@ def prefill_cost(cfg: TargetConfig, params, *, batch: int, prompt_len: int) -> C
     return Cost(flops, weight_bytes(params, cfg))
 
 
-def generation_costs(cfg: TargetConfig, params, *, batch: int, prompt_len: int, new_tokens: int) -> list[Cost]:
+def generation_costs(cfg: TargetConfig, params, *, batch: int, prompt_len: int, new_tokens: int,
+                     greedy: bool = False) -> list[Cost]:
     """`generate` with every row decoding `new_tokens` tokens: the prefill (which gives the first token),
-    then new_tokens - 1 AR steps (at their mean context: attention and cache reads grow linearly)."""
+    then new_tokens - 1 AR steps (at their mean context: attention and cache reads grow linearly); `greedy`: the
+    steps as `greedy_decode_costs` prices them."""
     steps = new_tokens - 1
     out = [prefill_cost(cfg, params, batch=batch, prompt_len=prompt_len)]
     if steps:
         mean_ctx = prompt_len + (steps - 1) / 2
-        out.append(decode_cost(cfg, params, batch=batch, rows=1, context=mean_ctx).scaled(steps))
+        costs = (greedy_decode_costs(cfg, params, batch=batch, rows=1, context=mean_ctx) if greedy
+                 else [decode_cost(cfg, params, batch=batch, rows=1, context=mean_ctx)])
+        out += [c.scaled(steps) for c in costs]
     return out
 
 

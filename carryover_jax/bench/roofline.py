@@ -217,7 +217,7 @@ def _generation_row(target, machine, batch: int, prompt_len: int, new_tokens: in
     _, s = _twice(lambda: [r.token_ids for r in generate(target, prompts, max_new_tokens=new_tokens,
                                                          stop_token_ids=[], chat=False)])
     b = _bound_of(F.generation_costs(target.cfg, target.params, batch=batch, prompt_len=prompt_len,
-                                     new_tokens=new_tokens), machine, target.cfg)
+                                     new_tokens=new_tokens, greedy=True), machine, target.cfg)
     return _row(f"gen{batch}", f"generation, batch {batch}, {prompt_len} + {new_tokens} tokens", s, b,
                 tokens_per_s=batch * new_tokens / s)
 
