@@ -73,6 +73,9 @@ constexpr int kPrefetch = 8;
 // rows of x took 3.9 / 4.6 / 5.2 ms, against 5.0 / 6.0 / 7.3 one row of e at a time without it, and XLA's dot
 // 4.2 / 6.7 / 8.3 (float32, 2 threads, alternated in one process, 2026-12-05)
 constexpr int kRowsAhead = 4;
+// more than 8 rows of x above kRowsOfL1 bytes: 8 rows and the rest in turn over blocks of kRowsOfBlock rows of e
+// (read from L2 the second time: 74 KB at K 576 in float32)
+constexpr int64_t kRowsOfL1 = 26 * 1024, kRowsOfBlock = 32;
 // the tiled path (more than kMaxF32Rows rows): 4 x 6 vectors of accumulators, 96 rows of w a panel (4 x 6 over 96
 // took 0.63-0.97x the time of 6 x 4, 8 x 3, 3 x 8 or 2 x 12 tiles and of 48- to 192-row panels at 64 rows; prefetching
 // the next panel to L2 0.87-0.92x against none: SmolLM2's 30 layers' Dense shapes, 2 threads, 2026-12-05,
@@ -168,9 +171,21 @@ void rows_block(const float* x, const W* e, float* y, int64_t K, int64_t N, int6
 // y[:, n0:n1] = x . e[n0:n1, :]^T, 4 rows of e at a time up to 6 rows of x, 2 at 7-8 (R x M accumulators, R rows
 // of e and a row of x stay within the 32 vector registers: 4 rows of e at 8 rows of x took 1.11-1.14x the time of 2
 // in float32, 1.17-1.18x in bf16, at 7 rows 0.99-1.04x / 1.05-1.09x; from memory, prefetched to L2, alternated,
-// 2026-12-06; one row at a time 1.11x at 8 rows, 2026-12-05), one at a time above
+// 2026-12-06; one row at a time 1.11x at 8 rows, 2026-12-05), one at a time above (in blocks: kRowsOfL1)
 template <typename W, int M>
 void rows_of(const float* x, const W* e, float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  if constexpr (M > kMaxRows) {
+    if (M * K * int64_t(sizeof(float)) > kRowsOfL1) {
+      // x's first 8 rows, then the rest, over each block of e in L2: an x beyond L1 (36 KB at 16 rows of K 576) was
+      // read from L2 for every row of e (SmolLM2's head at 16 rows took 3.1x the time of 8 rows, blocked 1.7x)
+      for (int64_t b = n0; b < n1; b += kRowsOfBlock) {
+        const int64_t b1 = b + kRowsOfBlock < n1 ? b + kRowsOfBlock : n1;
+        rows_of<W, kMaxRows>(x, e, y, K, N, b, b1);
+        rows_of<W, M - kMaxRows>(x + kMaxRows * K, e, y + kMaxRows * N, K, N, b, b1);
+      }
+      return;
+    }
+  }
   constexpr int R = M <= 6 ? 4 : M <= kMaxRows ? 2 : 1;
   int64_t n = n0;
   for (; n + R <= n1; n += R) rows_block<W, M, R>(x, e, y, K, N, n, n + kRowsAhead + R <= N);
