@@ -48,6 +48,25 @@ def test_screened_argmax_is_the_float32_heads_for_any_row_count(k, n):
         assert got.tolist() == np.argmax(x.astype(np.float64) @ e.T.astype(np.float64), axis=1).tolist()
 
 
+def test_near_ties_in_every_block_piece_and_chunk_of_the_head():
+    """The kernel reads the copy's logits in pieces of 2,048 ids, threshold chunks per thread and blocks of 256: near
+    ties (logits closer than the bound) planted at their edges, in the last partial block and at id 0 all become
+    candidates, and the float32 logits choose among them as the full head's argmax does."""
+    rng = np.random.default_rng(2)
+    k, n = 64, 10_001
+    e = rng.normal(size=(n, k)).astype(np.float32) * 0.05
+    x = rng.normal(size=(4, k)).astype(np.float32)
+    ids = [0, 255, 256, 2047, 2048, 4095, 5119, 5120, 5121, 7000, 9983, 10_000]
+    for row in range(4):
+        xs = x[row:row + 1]
+        for i in ids:  # the same direction, scaled within ~1e-5 of each other: below the bound
+            e[i] = (xs[0] / np.linalg.norm(xs[0]) * (1 + 1e-5 * rng.normal())).astype(np.float32)
+        got, full = _screened(xs, e), _full(xs, e)
+        assert got.tolist() == full.tolist() and full[0] in ids
+    e[rng.permutation(ids)[:3]] = e[ids[-1]]  # exact ties with the last id: the first of them wins
+    assert _screened(x, e).tolist() == _full(x, e).tolist()
+
+
 def test_bf16_rounding_that_reorders_the_logits_by_4_does_not_move_the_token():
     """x and row 0 lie just below bf16 rounding midpoints (both round down: its approximate logit is 2^-7 under its
     float32 one, the most the rounding allows); row 1's entries round up, so its bf16 logit leads row 0's by 4 where
@@ -92,6 +111,11 @@ def test_a_non_finite_row_is_left_to_the_full_head(tiny_qwen3):
     full = argmax(TargetLM(target.cfg).apply({"params": target.params}, jnp.asarray(h), method=TargetLM.head))
     got = greedy_tokens(target.cfg, target.params, screen, jnp.asarray(h))
     assert np.asarray(got).tolist() == np.asarray(full).tolist()
+    bad = np.asarray(e).copy()
+    bad[7, 3] = np.nan  # a non-finite norm: every row is left to the full head
+    bad = jnp.asarray(bad)
+    assert np.asarray(cp.head_argmax(jnp.asarray(h[[0, 2]]), bad, bad.astype(jnp.bfloat16),
+                                     jnp.sqrt(jnp.sum(bad * bad, axis=-1)))).tolist() == [-1, -1]
 
 
 def test_the_screen_applies_to_a_float32_tied_head_only(tiny_qwen3, tiny_llama):

@@ -1,5 +1,7 @@
 """The float32 tied head's products (`products(x, e, "nk")`) at R rows: this build against another library's, calls
-alternated, SmolLM2's embedding and states; outputs equal bit for bit.  SO=LIB python head_blocks_ab.py REPEATS ROWS..."""
+alternated, SmolLM2's embedding and states; outputs equal bit for bit.
+
+    SO=LIB python head_blocks_ab.py REPEATS ROWS..."""
 import ctypes, os, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from carryover_jax.loading import load_target
@@ -28,4 +30,5 @@ for r in [int(a) for a in sys.argv[2:]]:
         assert np.array_equal(outs["this"], outs["before"])
     rr = np.array(tt["this"]) / np.array(tt["before"])
     print(f"rows {r}: this {np.median(tt['this'])*1e3:.2f} ms, before {np.median(tt['before'])*1e3:.2f} ms, "
-          f"this/before per pair {np.median(rr):.3f} [{np.percentile(rr, 10):.3f}-{np.percentile(rr, 90):.3f}]; bits equal")
+          f"this/before per pair {np.median(rr):.3f} "
+          f"[{np.percentile(rr, 10):.3f}-{np.percentile(rr, 90):.3f}]; bits equal")

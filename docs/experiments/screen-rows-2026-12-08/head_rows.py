@@ -24,8 +24,11 @@ for r in [int(a) for a in sys.argv[2:]]:
         x = h[(rep * r) % (400 - r):(rep * r) % (400 - r) + r]
         outs = {}
         for k in (list(arms) if rep % 2 else list(arms)[::-1]):
-            t0 = time.perf_counter(); outs[k] = np.asarray(jax.block_until_ready(arms[k](x))); tt[k].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            outs[k] = np.asarray(jax.block_until_ready(arms[k](x)))
+            tt[k].append(time.perf_counter() - t0)
         assert (outs["screen"] == outs["full"]).all(), (outs, r)
     rr = np.array(tt["screen"]) / np.array(tt["full"])
     print(f"rows {r}: screen {np.median(tt['screen'])*1e3:.2f} ms, full head {np.median(tt['full'])*1e3:.2f} ms, "
-          f"screen/full per pair {np.median(rr):.3f} [{np.percentile(rr, 10):.3f}-{np.percentile(rr, 90):.3f}]; same tokens")
+          f"screen/full per pair {np.median(rr):.3f} "
+          f"[{np.percentile(rr, 10):.3f}-{np.percentile(rr, 90):.3f}]; same tokens")

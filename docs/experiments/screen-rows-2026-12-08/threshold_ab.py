@@ -38,7 +38,9 @@ for r in [int(a) for a in sys.argv[1:]] or [1, 4, 8]:
         order = list(arms)[rep % 4:] + list(arms)[:rep % 4]
         outs = {}
         for k in order:
-            t0 = time.perf_counter(); outs[k] = np.asarray(jax.block_until_ready(arms[k](x))); times[k].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            outs[k] = np.asarray(jax.block_until_ready(arms[k](x)))
+            times[k].append(time.perf_counter() - t0)
         assert all((outs[k] == outs["this"]).all() for k in ("before", "again"))
     th, be, ag, pa = (np.array(times[k]) for k in ("this", "before", "again", "pairs"))
     rng = np.random.default_rng(0)
@@ -46,6 +48,7 @@ for r in [int(a) for a in sys.argv[1:]] or [1, 4, 8]:
         rr = [np.median(a[i] / b[i]) for i in (rng.integers(0, len(a), len(a)) for _ in range(2000))]
         return np.median(a / b), np.percentile(rr, 2.5), np.percentile(rr, 97.5)
     print(f"rows {r}: this {np.median(th)*1e3:.3f} ms, before {np.median(be)*1e3:.3f} ms; this/before "
-          "%.3f [%.3f, %.3f]; A/A again/this %.3f [%.3f, %.3f]; the bf16 products alone %.3f ms" % (*ci(th, be), *ci(ag, th), np.median(pa) * 1e3))
+          "%.3f [%.3f, %.3f]; A/A again/this %.3f [%.3f, %.3f]; the bf16 products alone %.3f ms"
+          % (*ci(th, be), *ci(ag, th), np.median(pa) * 1e3))
 tok = np.concatenate([np.asarray(arms["this"](h[i:i + 8])) for i in range(0, 400, 8)])
 print("tokens == float32 head argmax:", int((tok == full).sum()), "of", len(full))
