@@ -177,7 +177,7 @@ void rows_of(const float* x, const W* e, float* y, int64_t K, int64_t N, int64_t
   if constexpr (M > kMaxRows) {
     if (M * K * int64_t(sizeof(float)) > kRowsOfL1) {
       // x's first 8 rows, then the rest, over each block of e in L2: an x beyond L1 (36 KB at 16 rows of K 576) was
-      // read from L2 for every row of e (SmolLM2's head at 16 rows took 3.1x the time of 8 rows, blocked 1.7x)
+      // read from L2 for every row of e (SmolLM2's head at 16 rows took 3.1-3.5x the time of 8, blocked 1.7-2.1x)
       for (int64_t b = n0; b < n1; b += kRowsOfBlock) {
         const int64_t b1 = b + kRowsOfBlock < n1 ? b + kRowsOfBlock : n1;
         rows_of<W, kMaxRows>(x, e, y, K, N, b, b1);

@@ -25,8 +25,8 @@ from carryover_jax.models import cpu_kernels
 # float32 F32_ROWS: a Dense product's 9-24 rows by the kernel's one-pass loop, 25-64 by its tiled loop (SmolLM2's AR
 # generation took 0.72x / 0.82x / 0.81x / 0.975x XLA's time at batch 16 / 24 / 32 / 64 and 1.02x at 128, alternated,
 # 2 threads, 2026-12-05: docs/experiments/tiled-products-2026-12-05), and a tied head's 9-16 rows one row of e at a
-# time (generation at batch 16 0.91x the time of XLA's head, at 24 1.08x), from 12 rows (x beyond L1) 8 rows and the
-# rest in turn over blocks of e (SmolLM2's head at 12-16 rows 0.61-0.87x the time of one row of e at a time:
+# time (generation at batch 16 0.91x the time of XLA's head, at 24 1.08x), and where x passes 26 KB (12 rows of K 576)
+# 8 rows and the rest in turn over blocks of e (SmolLM2's head at 12-16 rows 0.61-0.87x the time of one row of e at a time:
 # docs/experiments/screen-rows-2026-12-08)
 MAX_ROWS = {"kn": 8, "nk": 8}
 F32_ROWS = {"kn": 64, "nk": 16}
