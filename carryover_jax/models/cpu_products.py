@@ -26,8 +26,8 @@ from carryover_jax.models import cpu_kernels
 # generation took 0.72x / 0.82x / 0.81x / 0.975x XLA's time at batch 16 / 24 / 32 / 64 and 1.02x at 128, alternated,
 # 2 threads, 2026-12-05: docs/experiments/tiled-products-2026-12-05), and a tied head's 9-16 rows one row of e at a
 # time (generation at batch 16 0.91x the time of XLA's head, at 24 1.08x), and where x passes 26 KB (12 rows of K 576)
-# 8 rows and the rest in turn over blocks of e (SmolLM2's head at 12-16 rows 0.61-0.87x the time of one row of e at a time:
-# docs/experiments/screen-rows-2026-12-08)
+# 8 rows and the rest in turn over blocks of e (SmolLM2's head at 12-16 rows 0.61-0.87x the time of one row of e at
+# a time: docs/experiments/screen-rows-2026-12-08)
 MAX_ROWS = {"kn": 8, "nk": 8}
 F32_ROWS = {"kn": 64, "nk": 16}
 # bf16 w [K, N] where the kernel multiplies by avx512_bf16 pairs and the CPU has no AMX (whose XLA dots ran 2.2-3.7x
