@@ -36,7 +36,7 @@ _NUMERICS_FLAGS = (("dtype", "compute dtype; target params and KV caches follow 
                    ("cache_dtype", "KV cache dtype (target and drafter context caches)"),
                    ("attention_backend", "attention kernels (models/layers.py attention_core)"),
                    ("lm_head", "tied LM head form: vocab_major (the CPU default) or plain"),
-                   ("decode_products", "float32 / bf16 products of 1-8 rows, float32 ones of up to 64 (a tied head 16; "
+                   ("decode_products", "float32 / bf16 products of 1-8 rows, float32 ones of up to 64 (a tied head 24; "
                     "bf16 too with avx512_bf16 and no AMX), on CPU: stream (the CPU default: a kernel built with the "
                     "system C++ compiler) or xla"))
 

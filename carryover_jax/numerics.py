@@ -45,7 +45,7 @@ TRITON_MODULES = ("jax.experimental.pallas.triton", "jax._src.pallas.triton.pall
 # step the tied [V, d] embedding is the dot's lhs (XLA CPU runs that ~1.3-1.5x faster at 7-16 rows)
 LM_HEADS = ("plain", "vocab_major")
 # the float32 / bf16 products of at most 8 rows (decode steps, verification, drafting) and float32 ones of up to
-# 64 (a batch's decode step; a tied head 16; bf16 Dense ones too on a CPU with avx512_bf16 but no AMX) lowered for
+# 64 (a batch's decode step; a tied head 24; bf16 Dense ones too on a CPU with avx512_bf16 but no AMX) lowered for
 # CPU: "stream" is the kernel of models/cpu_products.cc (every weight read once for all rows; a row's sums the same
 # at any row count), "xla" XLA's dot; accelerators always lower XLA's dot
 DECODE_PRODUCTS = ("xla", "stream")
