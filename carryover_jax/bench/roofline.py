@@ -20,7 +20,8 @@ roofline). The paths, timed with the other benches' code:
   loops run it: where the head's screen serves it (`models/greedy_head.py`) its bound reads the head's bf16 copy
   (`flops.greedy_decode_costs`), as `verifyP`'s do;
 - `gen16` / `gen64` / `gen128`: `generate` at that batch, `prompt_len` random prompt tokens and
-  `new_tokens` new ones per row (prefill included), as prepare's regeneration and eval rollouts run it;
+  `new_tokens` new ones per row (prefill included), as prepare's regeneration and eval rollouts run it, its steps'
+  bound reading the head as the screen does where it serves them (`flops.generation_costs(greedy=True)`);
 - `features`: prepare's stored-feature pass (`train.responses.target_features`) over one generation
   batch of `data.max_len` tokens;
 - `baseline` / `dvd` / `control`: one training step of the config on a synthetic batch (`bench train

@@ -25,9 +25,9 @@ from carryover_jax.models import cpu_kernels
 # float32 F32_ROWS: a Dense product's 9-24 rows by the kernel's one-pass loop, 25-64 by its tiled loop (SmolLM2's AR
 # generation took 0.72x / 0.82x / 0.81x / 0.975x XLA's time at batch 16 / 24 / 32 / 64 and 1.02x at 128, alternated,
 # 2 threads, 2026-12-05: docs/experiments/tiled-products-2026-12-05), and a tied head's 9-24 rows one row of e at a
-# time, where x passes 26 KB (12 rows of K 576) 8 rows and the rest in turn over blocks of e (SmolLM2's head at 12-16
-# rows 0.61-0.87x the time of one row of e at a time; at 16 / 20 / 24 rows 0.62-0.64x / 0.84x / 0.78-0.82x the time
-# of XLA's dot, which took 17-24 rows before: docs/experiments/screen-rows-2026-12-08)
+# time, where x passes 26 KB (12 rows of K 576) 8 rows and the rest in turn over blocks of e (SmolLM2's head at 16
+# rows: 0.56-0.61x the time of one row of e at a time at 16, A/A 1.006; 0.62-0.67x / 0.78-0.87x the time of XLA's dot
+# at 16 / 24, which took 17-24 rows before: docs/experiments/screen-rows-2026-12-08)
 MAX_ROWS = {"kn": 8, "nk": 8}
 F32_ROWS = {"kn": 64, "nk": 24}
 # bf16 w [K, N] where the kernel multiplies by avx512_bf16 pairs and the CPU has no AMX (whose XLA dots ran 2.2-3.7x

@@ -28,9 +28,9 @@ Array = jax.Array
 # rows of x the kernel takes to one stream of the bf16 copy (`cpu_products.cc`, kMaxRows)
 ROWS_A_PASS = 8
 # rows of a step the screen serves, a stream of the copy for every 8: at SmolLM2's states its greedy tokens took
-# 0.49-0.69x the float32 head's time at 1-128 rows (the float32 head above 8 rows is bound by its arithmetic, and
-# above 16 (now 24) left the products kernel for XLA's dot; alternated, 2 cores of an AMD EPYC Zen 4, 2026-12-08,
-# docs/experiments/screen-rows-2026-12-08); more rows take the full head
+# 0.49-0.69x the float32 head's time at 1-128 rows, A/A 0.96-1.01 (the float32 head above 8 rows is bound by its
+# arithmetic, and above 24 leaves the products kernel for XLA's dot; alternated, 2 cores of an AMD EPYC Zen 4,
+# 2026-12-08, docs/experiments/screen-rows-2026-12-08); more rows take the full head
 MAX_ROWS = 128
 
 
